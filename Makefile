@@ -1,0 +1,30 @@
+# journeyman: every command does its own set-up first (idempotent, cached under ~/.cache/journeyman).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup test test-unit test-integration check format clean
+
+setup:  ## main environment, vLLM environment, embedded model
+	bash scripts/setup.sh
+
+test: setup  ## all tests: unit, then integration (real model, real vLLM environment)
+	$(PY) -m pytest tests -q
+
+test-unit: setup
+	$(PY) -m pytest tests/unit -q
+
+test-integration: setup
+	$(PY) -m pytest tests/integration -q
+
+check: setup  ## lint, format check, types (strict on core/)
+	$(VENV)/bin/ruff check core integrations backend tests
+	$(VENV)/bin/ruff format --check core integrations backend tests
+	VENV=$(VENV) bash scripts/typecheck.sh
+
+format: setup
+	$(VENV)/bin/ruff check --fix core integrations backend tests
+	$(VENV)/bin/ruff format core integrations backend tests
+
+clean:  ## removes the main environment (the caches under ~/.cache/journeyman stay)
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

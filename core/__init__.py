@@ -1,0 +1,73 @@
+"""journeyman: on-the-job reinforcement learning for the LLM agents you already run.
+
+``import journeyman`` is light: it never imports torch, vLLM, LangChain, CrewAI or Langfuse.
+Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and their extras.
+"""
+
+from journeyman.errors import (
+    AdapterError,
+    BackendError,
+    ConfigError,
+    InvalidDataError,
+    JourneymanError,
+    JudgeError,
+    MissingDependencyError,
+    ModelPreparationError,
+    RolloutError,
+    ServerStartError,
+    StorageError,
+    UpstreamError,
+)
+from journeyman.messages import (
+    AnyMessage,
+    AssistantMessage,
+    FunctionCall,
+    FunctionDefinition,
+    Item,
+    Message,
+    ModelTurn,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from journeyman.store import ModelStore
+from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdapterError",
+    "AnyMessage",
+    "AssistantMessage",
+    "BackendError",
+    "ConfigError",
+    "Failure",
+    "FunctionCall",
+    "FunctionDefinition",
+    "History",
+    "InvalidDataError",
+    "Item",
+    "JourneymanError",
+    "JudgeError",
+    "Message",
+    "MissingDependencyError",
+    "ModelPreparationError",
+    "ModelStore",
+    "ModelTurn",
+    "RolloutError",
+    "ServerStartError",
+    "StorageError",
+    "SystemMessage",
+    "Tool",
+    "ToolCall",
+    "ToolMessage",
+    "Trajectory",
+    "TrajectoryGroup",
+    "UpstreamError",
+    "UserMessage",
+    "__version__",
+    "load_group",
+    "load_trajectory",
+]

