@@ -59,11 +59,6 @@ CONVERSATION: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_dir: Path) -> Any:
-    return transformers.AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
 def model(model_dir: Path) -> Any:
     torch.set_num_threads(2)
     return transformers.AutoModelForCausalLM.from_pretrained(model_dir)

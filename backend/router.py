@@ -1,0 +1,156 @@
+"""Which served name answers a model name, and moving it to new adapter versions.
+
+A trainable model ``calc-agent`` is served as versioned LoRA adapters ``calc-agent@0``,
+``calc-agent@1``, ... The plain name is an alias for the current version; a versioned name asks
+for that version exactly. :meth:`Router.deploy` loads a new version, moves the alias to it only
+after the load succeeded, and unloads versions beyond the ones kept, each only once no request
+through the gateway still uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from journeyman.errors import AdapterError, ConfigError
+from journeyman.store import validate_name
+
+from .vllm import VLLMServer
+
+__all__ = ["Deployment", "Router"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Deployment:
+    """The served versions of one model name."""
+
+    name: str
+    step: int
+    """The current version's training step."""
+    served_name: str
+    """What the plain name resolves to now: ``name@step``, or the base model at step 0."""
+    adapter_dir: Path | None
+    loaded: list[tuple[int, str, Path]] = field(default_factory=list)
+    """Adapters loaded in vLLM, oldest first: (step, served name, folder)."""
+
+
+class Router:
+    """Resolves model names for the gateway and deploys adapters to the vLLM server."""
+
+    def __init__(self, server: VLLMServer, *, keep_versions: int = 2, drain_timeout: float = 600.0) -> None:
+        if keep_versions < 1:
+            raise ConfigError(f"keep_versions must be at least 1 (the current version), got {keep_versions}")
+        self.server = server
+        self.keep_versions = keep_versions
+        self.drain_timeout = drain_timeout
+        self.deployments: dict[str, Deployment] = {}
+        self._in_flight: Counter[str] = Counter()
+        self._in_flight_lock = threading.Lock()  # the gateway counts on its own thread
+        self._deploy_lock = asyncio.Lock()
+
+    @property
+    def base_name(self) -> str:
+        return self.server.config.served_name
+
+    def resolve(self, requested: str) -> tuple[str, int | None]:
+        """(served name, policy version) for a requested model name; unknown names pass through."""
+        if deployment := self.deployments.get(requested):
+            return deployment.served_name, deployment.step
+        name, at, step = requested.rpartition("@")
+        if at and step.isdigit() and (deployment := self.deployments.get(name)):
+            return requested, int(step)
+        return requested, None
+
+    def served_names(self) -> list[str]:
+        names = [self.base_name]
+        for deployment in self.deployments.values():
+            names += [deployment.name, *(served for _, served, _ in deployment.loaded)]
+        return names
+
+    # In-flight requests (the gateway counts them) ---------------------------------------------
+
+    def begin(self, served_name: str) -> None:
+        with self._in_flight_lock:
+            self._in_flight[served_name] += 1
+
+    def end(self, served_name: str) -> None:
+        with self._in_flight_lock:
+            self._in_flight[served_name] -= 1
+            if self._in_flight[served_name] <= 0:
+                del self._in_flight[served_name]
+
+    def in_flight(self, served_name: str) -> int:
+        with self._in_flight_lock:
+            return self._in_flight.get(served_name, 0)
+
+    # Deploying ---------------------------------------------------------------------------------
+
+    async def deploy(self, name: str, adapter_dir: Path | None, step: int) -> str:
+        """Serve ``adapter_dir`` as ``name@step`` and point ``name`` at it; return the served name.
+
+        ``adapter_dir=None`` (only at step 0) serves the base model under ``name``. If the load
+        fails, :class:`AdapterError` is raised and ``name`` keeps answering with its old version.
+        """
+        validate_name(name, "model name")
+        async with self._deploy_lock:
+            deployment = self.deployments.get(name)
+            if adapter_dir is None:
+                if step != 0:
+                    raise AdapterError(
+                        f"only step 0 can serve the base model; step {step} needs an adapter folder"
+                    )
+                served = self.base_name
+            else:
+                served = f"{name}@{step}"
+                if deployment and any(served == loaded for _, loaded, _ in deployment.loaded):
+                    raise AdapterError(
+                        f"{served} is already loaded; deploy each training step once (a same-name reload "
+                        "can serve stale weights in vLLM)"
+                    )
+                await self.server.load_adapter(served, adapter_dir)
+            if deployment is None:
+                deployment = self.deployments[name] = Deployment(name, step, served, adapter_dir)
+            deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
+            if adapter_dir is not None:
+                deployment.loaded.append((step, served, Path(adapter_dir)))
+            logger.info("%s now answers as %s", name, served)
+            await self._unload_old(deployment)
+            return served
+
+    async def _unload_old(self, deployment: Deployment) -> None:
+        while len(deployment.loaded) > self.keep_versions:
+            _, served, _ = deployment.loaded[0]
+            if served == deployment.served_name:
+                break
+            deadline = time.monotonic() + self.drain_timeout
+            while self.in_flight(served) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # requests already running keep their adapter
+            if self.in_flight(served):
+                logger.warning(
+                    "%s still has requests after %.0f s; unloading it anyway", served, self.drain_timeout
+                )
+            await self.server.unload_adapter(served)
+            deployment.loaded.pop(0)
+            logger.info("unloaded %s", served)
+
+    async def redeploy(self) -> None:
+        """Load every kept adapter again (after the vLLM server was restarted)."""
+        async with self._deploy_lock:
+            for deployment in self.deployments.values():
+                for _, served, folder in deployment.loaded:
+                    await self.server.load_adapter(served, folder)
+
+    async def restart_server(self) -> None:
+        """Restart a vLLM server that died and load the kept adapters again."""
+        code = self.server.exit_code()
+        logger.warning("vLLM is down (exit code %s); restarting it", code)
+        self.server.stop()
+        await asyncio.to_thread(self.server.start)
+        await self.redeploy()

@@ -1,0 +1,309 @@
+"""The gateway in front of the real vLLM server with the embedded model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import journeyman as jm
+from journeyman.backend.gateway import ROLLOUT_HEADER, GatewayThread
+from journeyman.backend.router import Router
+from journeyman.records import CompletionRecord
+from tests.integration.conftest import MAX_LORA_RANK, SERVED_BASE, make_adapter
+
+QUESTION = [{"role": "user", "content": "What is 2+3?"}]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.capitalize()} two integers and return the result.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+    for name in ("add", "multiply")
+]
+
+
+def _worked_example(
+    question: str, name: str, a: int, b: int, result: int, call_id: str
+) -> list[dict[str, Any]]:
+    arguments = json.dumps({"a": a, "b": b})
+    return [
+        {"role": "user", "content": question},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": str(result)},
+        {"role": "assistant", "content": f"The answer is {result}."},
+    ]
+
+
+# Worked examples make the 135M model call tools (without them it never does: ../shared/FACTS.md).
+FEW_SHOT = [
+    {"role": "system", "content": "You are a calculator. Always call a tool, then state the answer."},
+    *_worked_example("What is 12 times 7?", "multiply", 12, 7, 84, "call_ex1"),
+    *_worked_example("What is 35 plus 48?", "add", 35, 48, 83, "call_ex2"),
+    *_worked_example("What is 9 times 13?", "multiply", 9, 13, 117, "call_ex3"),
+    {"role": "user", "content": "What is 23 plus 19?"},
+]
+
+
+def _client(gateway: GatewayThread, rollout_id: str | None = None) -> openai.AsyncOpenAI:
+    base = f"{gateway.base_url}/r/{rollout_id}/v1" if rollout_id else f"{gateway.base_url}/v1"
+    return openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
+
+
+def _record(gateway: GatewayThread, completion_id: str) -> CompletionRecord:
+    record = gateway.gateway.records.get(completion_id)
+    assert record is not None, f"no record for {completion_id}"
+    return record
+
+
+def _rendered(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(ids["input_ids"])
+
+
+async def test_chat_completion_is_recorded_token_exact(gateway: GatewayThread, tokenizer: Any) -> None:
+    response = await _client(gateway).chat.completions.create(
+        model=SERVED_BASE, messages=QUESTION, max_tokens=24, temperature=0
+    )
+    choice = response.choices[0]
+    assert choice.logprobs is None  # not asked for, so not returned
+    assert "5" in (choice.message.content or "")
+    record = _record(gateway, response.id)
+    (recorded,) = record.choices
+    assert recorded.completion_token_ids is not None and recorded.logprobs is not None
+    assert tokenizer.decode(recorded.completion_token_ids, skip_special_tokens=True) == choice.message.content
+    assert len(recorded.logprobs) == len(recorded.completion_token_ids)
+    assert all(lp is not None and lp <= 0 for lp in recorded.logprobs)
+    assert record.prompt_token_ids == _rendered(tokenizer, QUESTION)
+    assert (record.messages, record.sampling, record.stream) == (
+        QUESTION,
+        {"max_tokens": 24, "temperature": 0},
+        False,
+    )
+    assert record.finished_at >= record.started_at
+    turn = record.model_turn()
+    assert turn.is_token_exact and turn.message.content == choice.message.content
+
+
+async def test_logprobs_and_token_ids_are_returned_when_asked(gateway: GatewayThread) -> None:
+    response = await _client(gateway).chat.completions.create(
+        model=SERVED_BASE,
+        messages=QUESTION,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    record = _record(gateway, response.id)
+    choice = response.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert [entry.logprob for entry in choice.logprobs.content] == record.choices[0].logprobs
+    extra = response.model_dump()
+    assert extra["choices"][0]["token_ids"] == record.choices[0].completion_token_ids
+    assert extra["prompt_token_ids"] == record.prompt_token_ids
+
+
+async def test_streaming_is_recorded_like_non_streaming(gateway: GatewayThread, tokenizer: Any) -> None:
+    stream = await _client(gateway).chat.completions.create(
+        model=SERVED_BASE, messages=QUESTION, max_tokens=24, temperature=0, stream=True
+    )
+    pieces, ids = [], set()
+    async for chunk in stream:
+        ids.add(chunk.id)
+        assert "token_ids" not in (chunk.choices[0].model_extra or {}) if chunk.choices else True
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    (completion_id,) = ids
+    text = "".join(pieces)
+    record = _record(gateway, completion_id)
+    recorded = record.choices[0]
+    assert record.stream
+    assert recorded.message is not None and recorded.message.content == text
+    assert recorded.completion_token_ids is not None and recorded.logprobs is not None
+    assert tokenizer.decode(recorded.completion_token_ids, skip_special_tokens=True) == text
+    assert len(recorded.logprobs) == len(recorded.completion_token_ids)
+    assert record.prompt_token_ids == _rendered(tokenizer, QUESTION)
+    assert recorded.finish_reason == "stop"
+
+
+async def test_text_completions_are_recorded(gateway: GatewayThread, tokenizer: Any) -> None:
+    prompt = "The capital of France is"
+    response = await _client(gateway).completions.create(
+        model=SERVED_BASE, prompt=prompt, max_tokens=6, temperature=0
+    )
+    record = _record(gateway, response.id)
+    assert record.kind == "completion" and record.prompt == prompt
+    assert record.prompt_token_ids == tokenizer(prompt)["input_ids"]
+    recorded = record.choices[0]
+    assert recorded.text == response.choices[0].text
+    assert recorded.completion_token_ids is not None
+    assert tokenizer.decode(recorded.completion_token_ids) == response.choices[0].text
+    assert recorded.logprobs is not None and len(recorded.logprobs) == len(recorded.completion_token_ids)
+    assert response.choices[0].logprobs is None
+
+
+async def _first_tool_call(gateway: GatewayThread) -> tuple[Any, int]:
+    """Sample with fixed seeds until the model calls a tool (about 1 in 3 samples do)."""
+    client = _client(gateway, "tool-rollout")
+    for seed in range(24):
+        response = await client.chat.completions.create(
+            model=SERVED_BASE, messages=FEW_SHOT, tools=TOOLS, max_tokens=48, temperature=0.7, seed=seed
+        )
+        if response.choices[0].message.tool_calls:
+            return response, seed
+    pytest.fail("no tool call in 24 seeded samples")
+
+
+async def test_tool_calls_are_recorded_and_turns_share_a_token_prefix(
+    gateway: GatewayThread, tokenizer: Any
+) -> None:
+    first, _ = await _first_tool_call(gateway)
+    message = first.choices[0].message
+    record = _record(gateway, first.id)
+    assert record.rollout_id == "tool-rollout"
+    assert record.tools == TOOLS
+    assert record.prompt_token_ids == _rendered(tokenizer, FEW_SHOT, TOOLS)
+    recorded = record.choices[0]
+    assert recorded.finish_reason == first.choices[0].finish_reason == "tool_calls"
+    assert recorded.message is not None and recorded.message.tool_calls is not None
+    assert [(c.function.name, c.function.arguments) for c in recorded.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls or []
+    ]
+    call = (message.tool_calls or [])[0]
+    arguments = json.loads(call.function.arguments)
+    result = (
+        arguments["a"] + arguments["b"] if call.function.name == "add" else arguments["a"] * arguments["b"]
+    )
+    follow_up = [
+        *FEW_SHOT,
+        message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}),
+        {"role": "tool", "tool_call_id": call.id, "content": str(result)},
+    ]
+    second = await _client(gateway, "tool-rollout").chat.completions.create(
+        model=SERVED_BASE, messages=follow_up, tools=TOOLS, max_tokens=24, temperature=0
+    )
+    second_record = _record(gateway, second.id)
+    sampled = (record.prompt_token_ids or []) + (recorded.completion_token_ids or [])
+    assert (second_record.prompt_token_ids or [])[: len(sampled)] == sampled
+    rollout = gateway.gateway.records.for_rollout("tool-rollout")
+    assert [r.completion_id for r in rollout][-2:] == [first.id, second.id]
+
+
+async def test_records_over_http(gateway: GatewayThread) -> None:
+    response = await _client(gateway).chat.completions.create(
+        model=SERVED_BASE, messages=QUESTION, max_tokens=4, extra_headers={ROLLOUT_HEADER: "http-check"}
+    )
+    async with httpx.AsyncClient(base_url=gateway.base_url) as http:
+        one = await http.get(f"/records/{response.id}")
+        assert one.status_code == 200
+        assert CompletionRecord.model_validate_json(one.text) == _record(gateway, response.id)
+        many = (await http.get("/records", params={"rollout_id": "http-check"})).json()["records"]
+        assert [r["completion_id"] for r in many] == [response.id]
+        missing = await http.get("/records/nope")
+        assert missing.status_code == 404 and "no record" in missing.json()["error"]["message"]
+        models = (await http.get("/v1/models")).json()
+        assert SERVED_BASE in [m["id"] for m in models["data"]]
+
+
+async def test_concurrent_rollouts_are_kept_apart(gateway: GatewayThread) -> None:
+    async def rollout(index: int) -> tuple[str, set[str]]:
+        rollout_id = f"concurrent-{index}"
+        # Half carry the id in a header, half in a per-rollout base URL.
+        if index % 2:
+            client, headers = _client(gateway), {ROLLOUT_HEADER: rollout_id}
+        else:
+            client, headers = _client(gateway, rollout_id), {}
+        ids = set()
+        for turn in range(2):
+            question = f"Say the number {index * 10 + turn}."
+            response = await client.chat.completions.create(
+                model=SERVED_BASE,
+                messages=[{"role": "user", "content": question}],
+                max_tokens=6,
+                temperature=0.8,
+                extra_headers=headers,
+            )
+            ids.add(response.id)
+        return rollout_id, ids
+
+    results = await asyncio.gather(*(rollout(i) for i in range(32)))
+    for index, (rollout_id, ids) in enumerate(results):
+        records = gateway.gateway.records.for_rollout(rollout_id)
+        assert {r.completion_id for r in records} == ids
+        assert {r.rollout_id for r in records} == {rollout_id}
+        questions = sorted(r.messages[0]["content"] for r in records if r.messages)
+        assert questions == [f"Say the number {index * 10}.", f"Say the number {index * 10 + 1}."]
+
+
+async def _greedy(gateway: GatewayThread, model: str) -> tuple[str, CompletionRecord]:
+    response = await _client(gateway).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0
+    )
+    return response.choices[0].message.content or "", _record(gateway, response.id)
+
+
+async def test_deploy_versions_without_restart(
+    gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
+) -> None:
+    name = "deploy-check"
+    base_answer, _ = await _greedy(gateway, SERVED_BASE)
+    await router.deploy(name, None, 0)
+    at_zero, record = await _greedy(gateway, name)
+    assert at_zero == base_answer and record.served_model == SERVED_BASE and record.policy_version == 0
+
+    first = await router.deploy(name, make_adapter(model_dir, tmp_path / "a1", seed=1), 1)
+    assert first == f"{name}@1"
+    answer_1, record = await _greedy(gateway, name)
+    assert answer_1 != base_answer
+    assert (record.requested_model, record.served_model, record.policy_version) == (name, f"{name}@1", 1)
+
+    await router.deploy(name, make_adapter(model_dir, tmp_path / "a2", seed=2), 2)
+    answer_2, record = await _greedy(gateway, name)
+    assert record.served_model == f"{name}@2" and answer_2 != answer_1
+    again_1, record = await _greedy(gateway, f"{name}@1")  # the previous version still answers by name
+    assert again_1 == answer_1 and record.policy_version == 1
+
+    await router.deploy(name, make_adapter(model_dir, tmp_path / "a3", seed=3), 3)  # keeps 2: unloads @1
+    assert [served for _, served, _ in router.deployments[name].loaded] == [f"{name}@2", f"{name}@3"]
+    with pytest.raises(openai.NotFoundError):
+        await _greedy(gateway, f"{name}@1")
+    listed = [m.id for m in (await _client(gateway).models.list()).data]
+    assert {name, f"{name}@2", f"{name}@3"} <= set(listed) and f"{name}@1" not in listed
+
+
+async def test_bad_adapters_give_clear_errors_and_the_server_stays_up(
+    gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
+) -> None:
+    name = "bad-adapter-check"
+    await router.deploy(name, None, 0)
+    with pytest.raises(jm.AdapterError, match=r"could not load adapter .* Check that the folder exists"):
+        await router.deploy(name, tmp_path / "does-not-exist", 1)
+    too_big = make_adapter(model_dir, tmp_path / "big", rank=2 * MAX_LORA_RANK)
+    with pytest.raises(jm.AdapterError, match=rf"rank <= {MAX_LORA_RANK}"):
+        await router.deploy(name, too_big, 1)
+    assert router.resolve(name) == (SERVED_BASE, 0)  # still the old version
+    answer, record = await _greedy(gateway, name)
+    assert answer and record.served_model == SERVED_BASE
