@@ -507,7 +507,14 @@ def _strip(data: dict[str, Any], logprobs: bool, token_ids: bool) -> None:
 class GatewayThread:
     """Runs a gateway with uvicorn on a thread of its own (its own event loop)."""
 
-    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        shutdown_timeout: int = 10,
+    ) -> None:
         import uvicorn
 
         from .vllm import free_port
@@ -515,7 +522,14 @@ class GatewayThread:
         self.gateway = gateway
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(gateway.app, host=host, port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            gateway.app,
+            host=host,
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=shutdown_timeout,  # requests still running then are cut off
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="journeyman-gateway", daemon=True)
 
@@ -524,6 +538,8 @@ class GatewayThread:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> GatewayThread:
+        if self._thread.is_alive():
+            return self
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -534,7 +550,7 @@ class GatewayThread:
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=30)
+        self._thread.join()
 
     def __enter__(self) -> GatewayThread:
         return self.start()

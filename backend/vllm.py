@@ -212,7 +212,12 @@ class VLLMServer:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the server and everything it spawned (SIGTERM, then SIGKILL)."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            # The API server died; its engine processes may live on in the same process group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
