@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup test test-unit test-integration check format clean
+.PHONY: setup test test-unit test-integration check format bench clean
 
 setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
@@ -18,13 +18,16 @@ test-integration: setup
 	$(PY) -m pytest tests/integration -q
 
 check: setup  ## lint, format check, types (strict on core/)
-	$(VENV)/bin/ruff check core integrations backend tests
-	$(VENV)/bin/ruff format --check core integrations backend tests
+	$(VENV)/bin/ruff check core integrations backend tests bench
+	$(VENV)/bin/ruff format --check core integrations backend tests bench
 	VENV=$(VENV) bash scripts/typecheck.sh
 
+bench: setup  ## timings (not tests): writes bench/results.md
+	$(PY) -m bench.run
+
 format: setup
-	$(VENV)/bin/ruff check --fix core integrations backend tests
-	$(VENV)/bin/ruff format core integrations backend tests
+	$(VENV)/bin/ruff check --fix core integrations backend tests bench
+	$(VENV)/bin/ruff format core integrations backend tests bench
 
 clean:  ## removes the main environment (the caches under ~/.cache/journeyman stay)
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,8 @@ or ``root=`` says otherwise)::
         trajectories/<split>/<step:04d>.jsonl   one TrajectoryGroup per line
         history.jsonl                           one row of metrics per logged step
         checkpoints/<step:04d>/                 adapter + optimizer + trainer state
+        records/completions.jsonl               the gateway's record of every completion
+        logs/                                   server logs
 
 Every write is atomic: data goes to a hidden temporary file (or folder) next to its target,
 is flushed to disk, then renamed over the target. Readers never see half-written data, and
@@ -187,6 +189,16 @@ class ModelStore:
     @property
     def checkpoints_path(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def logs_path(self) -> Path:
+        """Server logs (vLLM, gateway)."""
+        return self.path / "logs"
+
+    @property
+    def records_path(self) -> Path:
+        """The gateway's completion records (JSONL, appended)."""
+        return self.path / "records" / "completions.jsonl"
 
     def trajectories_path(self, split: str, step: int) -> Path:
         return self.path / "trajectories" / validate_name(split, "split") / f"{_check_step(step):04d}.jsonl"

@@ -307,3 +307,31 @@ async def test_bad_adapters_give_clear_errors_and_the_server_stays_up(
     assert router.resolve(name) == (SERVED_BASE, 0)  # still the old version
     answer, record = await _greedy(gateway, name)
     assert answer and record.served_model == SERVED_BASE
+
+
+async def test_running_requests_keep_their_adapter_while_old_versions_are_unloaded(
+    gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
+) -> None:
+    name = "drain-check"
+    await router.deploy(name, make_adapter(model_dir, tmp_path / "a1", seed=11), 1)
+    stream = await _client(gateway).chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Count to one hundred."}],
+        max_tokens=160,
+        temperature=0,
+        stream=True,
+        extra_body={"min_tokens": 160, "ignore_eos": True},
+    )
+    first = await stream.__anext__()  # the request is running on name@1
+    assert router.in_flight(f"{name}@1") == 1
+    await router.deploy(name, make_adapter(model_dir, tmp_path / "a2", seed=12), 2)
+    third = asyncio.create_task(router.deploy(name, make_adapter(model_dir, tmp_path / "a3", seed=13), 3))
+    await asyncio.sleep(1.0)
+    assert not third.done()  # unloading name@1 waits for the running request
+    assert router.resolve(name) == (f"{name}@3", 3)  # while new requests already get the new version
+    chunks = [first] + [chunk async for chunk in stream]
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
+    await asyncio.wait_for(third, 60)
+    assert [served for _, served, _ in router.deployments[name].loaded] == [f"{name}@2", f"{name}@3"]
+    record = _record(gateway, first.id)
+    assert record.served_model == f"{name}@1" and len(record.choices[0].completion_token_ids or []) == 160

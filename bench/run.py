@@ -1,0 +1,27 @@
+"""Run every benchmark and write bench/results.md (``make bench``)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from pathlib import Path
+
+from bench import gateway_overhead, redeploy_latency, rollout_throughput
+from bench.common import machine
+
+RESULTS = Path(__file__).with_name("results.md")
+
+
+async def main() -> None:
+    sections = [
+        await gateway_overhead.measure(200),
+        await redeploy_latency.measure(10),
+        await rollout_throughput.measure(["auto", "0-1"], 2),
+    ]
+    header = f"# Benchmark results\n\nMeasured {datetime.date.today()} on {machine()} by `make bench`.\n\n"
+    RESULTS.write_text(header + "\n".join(sections))
+    print(RESULTS.read_text())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
