@@ -152,5 +152,6 @@ class Router:
         code = self.server.exit_code()
         logger.warning("vLLM is down (exit code %s); restarting it", code)
         self.server.stop()
-        await asyncio.to_thread(self.server.start)
+        self.server.launch()  # from this thread: the server lives as long as the caller's thread
+        await asyncio.to_thread(self.server.wait_healthy)
         await self.redeploy()

@@ -13,12 +13,14 @@ LoRA adapters are loaded and unloaded at run time through ``/v1/load_lora_adapte
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -163,8 +165,14 @@ class VLLMServer:
 
     def start(self, timeout: float | None = None) -> VLLMServer:
         """Start the server and block until it answers ``/health`` (or raise with its log)."""
-        if self.is_running():
-            return self
+        if not self.is_running():
+            self.launch()
+            self.wait_healthy(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting. The server is tied to the calling thread's life
+        (Linux parent-death signal), so launch from a long-lived thread; wait anywhere."""
         if self.port is None or self._process is not None:
             self.port = self.config.port or free_port(self.config.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,10 +182,17 @@ class VLLMServer:
             log.write(f"\n=== journeyman: {' '.join(command)}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
+
+    def wait_healthy(self, timeout: float | None = None) -> None:
+        """Block until the launched server answers ``/health``; raise with its log otherwise."""
         self._wait_healthy(timeout or self.config.startup_timeout)
-        return self
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -280,6 +295,14 @@ class VLLMServer:
             ):
                 hint = " Check that the folder exists and holds adapter_config.json and the adapter weights."
             raise AdapterError(f"could not {what}: vLLM answered {response.status_code}: {detail}.{hint}")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, get SIGTERM when the parent dies (no orphaned servers)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -1,0 +1,456 @@
+"""The GRPO LoRA trainer: groups of trajectories -> one optimizer step -> a checkpoint -> deployed.
+
+One call to :meth:`Trainer.train` is one training step, in the paper's order::
+
+    batch      = token-exact sequences of the groups (backend/batch.py)
+    advantages = group-relative, per trajectory, shared by all its tokens (backend/loss.py)
+    for each micro-batch (packed by token budget):
+        logprobs   = log pi_theta of the trained tokens      # chosen tokens only, chunked
+        ratio      = exp(logprobs - sampling logprobs)       # against what vLLM sampled
+        loss       = objective(ratio, advantages) aggregated over the whole batch
+        loss.backward()
+    clip the gradient norm; AdamW step
+    checkpoints/<step:04d>/ written atomically (adapter, optimizer, trainer state)
+    the adapter is deployed as <model>@<step> before the step is reported done
+
+Checkpoints hold no pickle: tensors go to safetensors, everything else to JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
+from journeyman.store import ModelStore
+from journeyman.trajectory import TrajectoryGroup
+
+from .batch import Batch, TrainSequence, build_batch, pack
+from .models import resolve_base_model
+
+try:
+    import torch
+    from torch.utils.checkpoint import checkpoint
+except ImportError as error:  # pragma: no cover - the train extra is missing
+    raise MissingDependencyError("torch", "train", "the trainer") from error
+
+__all__ = ["StepResult", "Trainer"]
+
+logger = logging.getLogger(__name__)
+
+ADAPTER = "adapter"
+OPTIMIZER = "optimizer.safetensors"
+STATE = "trainer_state.json"
+
+Deploy = Callable[[Path, int], Awaitable[Any]]
+
+
+@dataclass
+class StepResult:
+    step: int
+    """The step the model is at after training (its adapter is served as ``<model>@<step>``)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+
+
+def bf16_supported() -> bool:
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(check and check())
+
+
+class Trainer:
+    """Holds the model with its LoRA adapter and optimizer for one trainable model."""
+
+    def __init__(
+        self,
+        base_model: str | Path,
+        store: ModelStore,
+        *,
+        lora: LoRAConfig | None = None,
+        precision: str = "auto",
+        threads: int | None = None,
+        deploy: Deploy | None = None,
+    ) -> None:
+        self.base_model = base_model
+        self.store = store
+        self.lora = lora or LoRAConfig()
+        self.precision = precision
+        self.threads = threads
+        self.deploy = deploy
+        self.step = 0
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._learning_rate: float | None = None
+
+    # Loading and checkpoints -------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        if self.precision == "fp32" or (self.precision == "auto" and not bf16_supported()):
+            return torch.float32
+        return torch.bfloat16
+
+    def load(self) -> int:
+        """Load the base model and the latest complete checkpoint (or create step 0); return the step."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        path = resolve_base_model(str(self.base_model))
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        latest = self.store.latest_checkpoint()
+        if latest is None:
+            config = LoraConfig(
+                r=self.lora.rank,
+                lora_alpha=self.lora.alpha,  # type: ignore[arg-type]  # peft accepts floats
+                lora_dropout=self.lora.dropout,
+                target_modules=list(self.lora.effective_target_modules),
+                task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(base, config)
+            self.step = 0
+            self._save_checkpoint(0)
+            logger.info("created the step-0 adapter in %s", self.store.checkpoint_path(0))
+        else:
+            self.step, folder = latest
+            self.model = PeftModel.from_pretrained(base, folder / ADAPTER, is_trainable=True)
+            logger.info("resumed from %s", folder)
+        for parameter in self.model.parameters():
+            if parameter.requires_grad:
+                parameter.data = parameter.data.float()  # LoRA weights and optimizer state in fp32
+        self.optimizer = None
+        if latest is not None:
+            self._load_optimizer(latest[1])
+        return self.step
+
+    def adapter_path(self, step: int | None = None) -> Path:
+        return self.store.checkpoint_path(self.step if step is None else step) / ADAPTER
+
+    def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+
+    def _optimizer(self, config: TrainConfig) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            params = [p for _, p in self._trainable()]
+            self.optimizer = torch.optim.AdamW(
+                params, lr=config.learning_rate, weight_decay=config.weight_decay
+            )
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+        return self.optimizer
+
+    def _save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        with self.store.write_checkpoint(step) as folder:
+            self.model.save_pretrained(folder / ADAPTER)
+            tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
+            if self.optimizer is not None:
+                index = {id(p): name for name, p in self._trainable()}
+                for parameter, state in self.optimizer.state.items():
+                    for key, value in state.items():
+                        tensors[f"{index[id(parameter)]}/{key}"] = (
+                            torch.as_tensor(value).detach().clone().contiguous()
+                        )
+            save_file(tensors, str(folder / OPTIMIZER))
+            state = {
+                "step": step,
+                "base_model": str(self.base_model),
+                "lora": self.lora.model_dump(mode="json"),
+                "learning_rate": self._learning_rate,
+                "metrics": metrics or {},
+            }
+            (folder / STATE).write_text(json.dumps(state, indent=2) + "\n")
+        return self.store.checkpoint_path(step)
+
+    def _load_optimizer(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(folder / OPTIMIZER))
+        if "rng/torch" in tensors:
+            torch.set_rng_state(tensors.pop("rng/torch"))
+        if not tensors:
+            return
+        state = json.loads((folder / STATE).read_text())
+        optimizer = self._optimizer(TrainConfig(learning_rate=state.get("learning_rate") or 1e-5))
+        for name, parameter in self._trainable():
+            keys = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.split("/", 1)[0] == name}
+            if keys:
+                optimizer.state[parameter] = keys
+
+    # One step ----------------------------------------------------------------------------------
+
+    async def train(self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None) -> StepResult:
+        """Train one step on ``groups``, checkpoint it, deploy it; the result carries the metrics."""
+        config = config or TrainConfig()
+        check_groups(groups)
+        self.store.save_groups(groups, "train", self.step)  # the step's data is on disk before training
+        result = await asyncio.to_thread(self.train_step, groups, config)
+        if self.deploy is not None and result.checkpoint is not None:
+            start = time.perf_counter()
+            await self.deploy(result.checkpoint / ADAPTER, result.step)
+            result.metrics["time/deploy"] = time.perf_counter() - start
+        self.store.append_history({"step": result.step, "split": "train", **result.metrics})
+        return result
+
+    def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
+        if self.model is None:
+            self.load()
+        torch.manual_seed(config.seed + self.step)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        batch = build_batch(groups, self.tokenizer, config)
+        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+        group_ids = torch.tensor(batch.groups, dtype=torch.long)
+        from .loss import advantages as group_advantages
+
+        if rewards.numel():
+            advantage, informative = group_advantages(rewards, group_ids, config.effective_scale_rewards)
+        else:
+            advantage, informative = rewards, rewards.bool()
+        zero_variance = _zero_variance_groups(batch, informative)
+        sequences = [s for s in batch.sequences if informative[s.trajectory]]
+        metrics = _data_metrics(batch, zero_variance, sequences)
+        timings["time/prepare"] = time.perf_counter() - start
+
+        self.step += 1
+        self._learning_rate = config.learning_rate
+        if not sequences:
+            logger.warning(
+                "step %d: no trajectory with a reward spread to learn from; the adapter is unchanged",
+                self.step,
+            )
+            metrics.update(timings)
+            return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+
+        optimizer = self._optimizer(config)
+        self.model.train()
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.enable_input_require_grads()
+        totals = _Totals(sequences, config)
+        start = time.perf_counter()
+        for micro_batch in pack(sequences, config.micro_batch_tokens):
+            self._forward_backward(micro_batch, advantage, config, totals)
+        timings["time/forward_backward"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        params = [p for _, p in self._trainable()]
+        max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        timings["time/optimizer"] = time.perf_counter() - start
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_disable()
+
+        metrics.update(totals.metrics())
+        metrics["train/grad_norm"] = float(grad_norm)
+        metrics["train/learning_rate"] = config.learning_rate
+        metrics.update(timings)
+        return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+
+    def _checkpoint_timed(self, metrics: dict[str, float]) -> Path:
+        start = time.perf_counter()
+        path = self._save_checkpoint(self.step, metrics)
+        metrics["time/checkpoint"] = time.perf_counter() - start
+        return path
+
+    def _forward_backward(
+        self, micro_batch: list[TrainSequence], advantage: torch.Tensor, config: TrainConfig, totals: _Totals
+    ) -> None:
+        from .loss import LOSSES, policy_loss
+
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(s) for s in micro_batch)
+        input_ids = torch.full((len(micro_batch), width), pad, dtype=torch.long)  # (B, T)
+        attention = torch.zeros((len(micro_batch), width), dtype=torch.long)
+        mask = torch.zeros((len(micro_batch), width), dtype=torch.float32)
+        sampling = torch.full((len(micro_batch), width), math.nan, dtype=torch.float32)
+        for row, sequence in enumerate(micro_batch):
+            n = len(sequence)
+            input_ids[row, :n] = torch.tensor(sequence.tokens)
+            attention[row, :n] = 1
+            mask[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
+            sampling[row, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
+        # Token t is predicted from position t-1: shift the targets and their masks by one.
+        targets, mask, sampling = input_ids[:, 1:], mask[:, 1:], sampling[:, 1:]  # (B, T-1)
+        seq_advantage = advantage[torch.tensor([s.trajectory for s in micro_batch])]  # (B,)
+
+        logprobs, entropy = self._token_logprobs(input_ids, attention, targets, mask, config.logprob_chunk)
+        reference = None
+        if config.beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                reference, _ = self._token_logprobs(input_ids, attention, targets, mask, config.logprob_chunk)
+        parts = policy_loss(
+            config.loss,
+            logprobs,
+            sampling,
+            mask,
+            seq_advantage,
+            epsilon=config.effective_epsilon,
+            epsilon_high=config.effective_epsilon_high,
+            max_tokens=config.max_tokens,
+            mismatch=config.mismatch,
+            mismatch_threshold=config.mismatch_threshold,
+            beta=config.beta,
+            reference_logprobs=reference,
+        )
+        # The loss is a mean over the micro-batch; weight it by the micro-batch's share of the
+        # whole batch's denominator so the accumulated gradient is the full batch's gradient.
+        weight = totals.share(mask, LOSSES[config.loss].aggregation)
+        (parts.loss * weight).backward()
+        totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
+
+    def _token_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs (with gradient) and entropies (detached) of the masked target tokens, (B, T-1).
+
+        Logits are computed only at trained positions and ``chunk`` positions at a time, each
+        chunk recomputed in the backward pass, so the full-vocabulary logits of the batch are
+        never held in memory at once.
+        """
+        causal_lm = self.model.get_base_model()
+        hidden = causal_lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention
+        ).last_hidden_state  # (B, T, H)
+        positions = mask.bool()
+        chosen_hidden = hidden[:, :-1][positions]  # (N, H)
+        chosen_targets = targets[positions]  # (N,)
+        head = causal_lm.get_output_embeddings()
+        pieces, entropies = [], []
+        for start in range(0, chosen_targets.numel(), chunk):
+            logprob, entropy = checkpoint(
+                _chunk_logprobs,
+                chosen_hidden[start : start + chunk],
+                chosen_targets[start : start + chunk],
+                head,
+                use_reentrant=False,
+            )
+            pieces.append(logprob)
+            entropies.append(entropy)
+        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+        logprobs = torch.zeros(mask.shape, dtype=torch.float32).masked_scatter(positions, flat)
+        entropy = torch.zeros(mask.shape, dtype=torch.float32)
+        if entropies:
+            entropy = entropy.masked_scatter(positions, torch.cat(entropies))
+        return logprobs, entropy
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()  # (n, V)
+    logp = logits.log_softmax(-1)
+    chosen = logp.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return chosen, entropy.detach()
+
+
+def _zero_variance_groups(batch: Batch, informative: torch.Tensor) -> int:
+    groups = {g for g, keep in zip(batch.groups, informative.tolist(), strict=True) if not keep}
+    return len(groups)
+
+
+def _data_metrics(batch: Batch, zero_variance: int, sequences: list[TrainSequence]) -> dict[str, float]:
+    metrics = {key: float(value) for key, value in batch.counts.items()}
+    groups = batch.counts["data/groups"]
+    metrics["data/zero_variance_groups"] = float(zero_variance)
+    metrics["data/zero_variance_share"] = zero_variance / groups if groups else 0.0
+    metrics["data/sequences"] = float(len(sequences))
+    metrics["data/trained_tokens"] = float(sum(s.trained_tokens for s in sequences))
+    if batch.rewards:
+        rewards = torch.tensor(batch.rewards)
+        metrics["reward/mean"] = float(rewards.mean())
+        metrics["reward/std"] = float(rewards.std(unbiased=False))
+    return metrics
+
+
+class _Totals:
+    """The batch-level denominators and the running sums for the step's metrics."""
+
+    def __init__(self, sequences: list[TrainSequence], config: TrainConfig) -> None:
+        # Targets are shifted by one, so a sequence's first token is never a target.
+        self.tokens = sum(sum(s.mask[1:]) for s in sequences)
+        self.live_sequences = sum(1 for s in sequences if sum(s.mask[1:]) > 0)
+        self.loss = self.policy = self.kl = 0.0
+        self.clipped = self.entropy = self.masked = 0.0
+        self.known = 0
+        self.mismatch_k1 = 0.0
+        self.max_ratio = 1.0
+        self.micro_batches = 0
+
+    def share(self, mask: torch.Tensor, aggregation: str) -> float:
+        if aggregation == "token_mean":
+            return float(mask.sum()) / max(1, self.tokens)
+        return float((mask.sum(-1) > 0).sum()) / max(1, self.live_sequences)
+
+    def add(
+        self,
+        parts: Any,
+        weight: float,
+        logprobs: torch.Tensor,
+        sampling: torch.Tensor,
+        mask: torch.Tensor,
+        entropy: torch.Tensor,
+    ) -> None:
+        tokens = float(mask.sum())
+        self.micro_batches += 1
+        self.loss += float(parts.loss.detach()) * weight
+        self.policy += float(parts.policy) * weight
+        if parts.kl is not None:
+            self.kl += float(parts.kl) * weight
+        self.clipped += float(parts.clip_fraction) * tokens
+        self.masked += float(parts.masked_by_mismatch)
+        self.entropy += float((entropy * mask).sum())
+        known = mask.bool() & ~torch.isnan(sampling)
+        if known.any():
+            delta = sampling[known] - logprobs[known]  # log mu - log pi on tokens sampled from mu
+            self.known += int(known.sum())
+            self.mismatch_k1 += float(delta.sum())
+            self.max_ratio = max(self.max_ratio, float(torch.exp(delta.abs()).max()))
+
+    def metrics(self) -> dict[str, float]:
+        tokens = max(1, self.tokens)
+        result = {
+            "train/loss": self.loss,
+            "train/policy_loss": self.policy,
+            "train/clip_fraction": self.clipped / tokens,
+            "train/entropy": self.entropy / tokens,
+            "train/micro_batches": float(self.micro_batches),
+            "mismatch/masked_tokens": self.masked,
+            "mismatch/tokens_with_sampling_logprobs": float(self.known),
+        }
+        if self.kl:
+            result["train/kl"] = self.kl
+        if self.known:
+            result["mismatch/kl"] = self.mismatch_k1 / self.known
+            result["mismatch/max_ratio"] = self.max_ratio
+        return result
+
+
+def check_groups(groups: Sequence[TrajectoryGroup]) -> None:
+    """Refuse input that is not a list of groups, with a message that says what to pass."""
+    if isinstance(groups, TrajectoryGroup) or not all(isinstance(g, TrajectoryGroup) for g in groups):
+        raise InvalidDataError("train() takes a list of TrajectoryGroup (one per scenario)")
+    if not groups:
+        raise ConfigError("train() needs at least one group")

@@ -1,0 +1,104 @@
+"""Training configuration: what a user passes to ``model.train(groups, config=...)``.
+
+Both classes are frozen and validated once; choices are ``Literal`` values. Defaults that depend
+on the loss (clip ranges, reward scaling) are derived in properties, so an explicit value always
+wins and nothing is mutated after construction.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LoRAConfig", "TrainConfig"]
+
+LossType = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"]
+
+_EPSILON = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.2, "gspo": 3e-4, "cispo": 0.2}
+_EPSILON_HIGH = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.28, "gspo": 4e-4, "cispo": 5.0}
+
+
+class TrainConfig(BaseModel):
+    """One training step's settings. See :mod:`journeyman.backend.loss` for the formulas."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: float = Field(5e-5, gt=0)
+    """AdamW learning rate for the LoRA parameters."""
+    loss: LossType = "dapo"
+    """The objective x aggregation: grpo, dr_grpo, dapo, gspo or cispo."""
+    epsilon: float | None = Field(None, gt=0)
+    """Lower clip range (ratio >= 1 - epsilon). Default: 0.2, or 3e-4 for gspo."""
+    epsilon_high: float | None = Field(None, gt=0)
+    """Upper clip range. Default: 0.28 for dapo, 4e-4 for gspo, 5.0 for cispo, else epsilon."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """Divide advantages by the group's or the batch's reward std. Default: none for dr_grpo, else group."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the base model (k3 estimator); 0 skips the reference forward pass."""
+    mismatch: Literal["none", "mask", "truncate"] = "none"
+    """What to do with tokens whose ratio to the sampling logprob leaves [1/threshold, threshold]."""
+    mismatch_threshold: float = Field(2.0, gt=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the gradient norm; None disables clipping."""
+    weight_decay: float = Field(0.0, ge=0)
+    max_seq_len: int = Field(4096, gt=0)
+    """Longest training sequence, in tokens."""
+    overlong: Literal["truncate", "exclude"] = "truncate"
+    """A longer sequence is cut to max_seq_len (tokens past it are not trained) or left out; either way counted."""
+    max_tokens: int = Field(1024, gt=0)
+    """Dr. GRPO's constant normaliser: tokens per sequence."""
+    micro_batch_tokens: int = Field(4096, gt=0)
+    """Padded tokens per forward/backward pass; sequences are packed by length up to this budget."""
+    logprob_chunk: int = Field(512, gt=0)
+    """Trained positions whose vocabulary logits are computed at once (bounds logit memory)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Compute dtype: bf16 where the CPU or GPU supports it ("auto"), else fp32. LoRA weights stay fp32."""
+    seed: int = 0
+
+    @property
+    def effective_epsilon(self) -> float:
+        return self.epsilon if self.epsilon is not None else _EPSILON[self.loss]
+
+    @property
+    def effective_epsilon_high(self) -> float:
+        if self.epsilon_high is not None:
+            return self.epsilon_high
+        return (
+            self.epsilon
+            if self.epsilon is not None and self.loss in ("grpo", "dr_grpo")
+            else _EPSILON_HIGH[self.loss]
+        )
+
+    @property
+    def effective_scale_rewards(self) -> Literal["group", "batch", "none"]:
+        if self.scale_rewards is not None:
+            return self.scale_rewards
+        return "none" if self.loss == "dr_grpo" else "group"
+
+
+class LoRAConfig(BaseModel):
+    """The adapter that training updates."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(8, gt=0)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] | None = None
+    """Module names to adapt. Default: all attention and MLP projections of llama- and qwen-style
+    models (q, k, v, o, gate, up, down)."""
+
+    @property
+    def effective_target_modules(self) -> tuple[str, ...]:
+        return self.target_modules or (
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        )

@@ -1,0 +1,208 @@
+"""The GRPO LoRA trainer on the real embedded model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+import journeyman as jm
+from journeyman.config import LossType, TrainConfig
+from journeyman.records import CompletionRecord
+
+torch = pytest.importorskip("torch")
+safetensors = pytest.importorskip("safetensors.torch")
+
+from journeyman.backend.batch import build_batch  # noqa: E402
+from journeyman.backend.gateway import GatewayThread  # noqa: E402
+from journeyman.backend.router import Router  # noqa: E402
+from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer  # noqa: E402
+
+
+def _group(tokenizer: Any, question: str, answers: list[tuple[str, float]]) -> jm.TrajectoryGroup:
+    """Answers to one question as token-exact trajectories (tokens from the real tokenizer)."""
+    messages = [{"role": "user", "content": question}]
+    prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    trajectories = []
+    for answer, reward in answers:
+        completion = [*tokenizer(answer, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        turn = {
+            "type": "model_turn",
+            "message": {"role": "assistant", "content": answer},
+            "prompt_token_ids": list(prompt),
+            "completion_token_ids": completion,
+            "logprobs": [None] * len(completion),
+        }
+        trajectories.append(jm.Trajectory(conversation=[*messages, turn], reward=reward))
+    return jm.TrajectoryGroup(trajectories)
+
+
+def _groups(tokenizer: Any, variant: int = 0) -> list[jm.TrajectoryGroup]:
+    return [
+        _group(
+            tokenizer,
+            f"What is {2 + variant}+3?",
+            [(str(5 + variant), 1.0), ("6", 0.0), (f"It is {5 + variant}.", 1.0), ("nine", 0.0)],
+        ),
+        _group(tokenizer, "What is 4*4?", [("16", 1.0), ("16", 1.0)]),  # zero variance: contributes nothing
+    ]
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
+    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=tmp_path), threads=1, **kwargs)
+    trainer.load()
+    return trainer
+
+
+def _snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss", get_args(LossType))
+def test_each_loss_updates_every_lora_weight_and_no_base_weight(
+    loss: LossType, tmp_path: Path, tokenizer: Any
+) -> None:
+    trainer = _trainer(tmp_path)
+    before = _snapshot(trainer)
+    config = TrainConfig(loss=loss, learning_rate=1e-3, epsilon_high=0.28 if loss == "gspo" else None)
+    first = trainer.train_step(_groups(tokenizer), config)
+    after_one = _snapshot(trainer)
+    lora = [n for n in before if "lora_" in n]
+    assert len(lora) == 30 * 7 * 2  # 30 layers x 7 projections x (A, B)
+    for name, value in before.items():
+        changed = not torch.equal(value, after_one[name])
+        if "lora_B" in name:
+            assert changed, f"{loss}: {name} did not change"
+        elif "lora_A" not in name:
+            assert not changed, f"{loss}: base weight {name} changed"
+    # lora_A gets no gradient while lora_B is still zero (peft's initialisation): it moves at step 2.
+    trainer.train_step(_groups(tokenizer, 1), config)
+    after_two = _snapshot(trainer)
+    assert all(not torch.equal(before[n], after_two[n]) for n in lora), f"{loss}: a LoRA weight never changed"
+    assert first.step == 1
+    assert (
+        first.metrics["data/zero_variance_groups"] == 1 and first.metrics["data/zero_variance_share"] == 0.5
+    )
+    assert first.metrics["data/trained_tokens"] > 0 and first.metrics["train/grad_norm"] > 0
+
+
+def test_checkpoints_hold_no_pickle_and_resume_repeats_the_next_step(tmp_path: Path, tokenizer: Any) -> None:
+    config = TrainConfig(loss="dapo", learning_rate=5e-4)
+    straight = _trainer(tmp_path / "straight")
+    straight.train_step(_groups(tokenizer, 0), config)
+    straight.train_step(_groups(tokenizer, 1), config)
+
+    interrupted = _trainer(tmp_path / "interrupted")
+    interrupted.train_step(_groups(tokenizer, 0), config)
+    del interrupted  # the process "dies" after checkpoint 1
+    resumed = _trainer(tmp_path / "interrupted")
+    assert resumed.step == 1
+    assert resumed.optimizer is not None and len(resumed.optimizer.state) == 30 * 7 * 2
+    resumed.train_step(_groups(tokenizer, 1), config)
+
+    a, b = _snapshot(straight), _snapshot(resumed)
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name
+    folder = resumed.store.checkpoint_path(2)
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert files == [
+        f"{ADAPTER}/README.md",
+        f"{ADAPTER}/adapter_config.json",
+        f"{ADAPTER}/adapter_model.safetensors",
+        OPTIMIZER,
+        STATE,
+    ]
+    assert resumed.store.checkpoint_steps() == [0, 1, 2]
+
+
+def test_a_batch_without_reward_spread_still_counts_a_step(tmp_path: Path, tokenizer: Any) -> None:
+    trainer = _trainer(tmp_path)
+    before = _snapshot(trainer)
+    flat = [_group(tokenizer, "What is 1+1?", [("2", 1.0), ("2", 1.0)])]
+    result = trainer.train_step(flat, TrainConfig())
+    assert result.step == 1 and result.metrics["data/zero_variance_share"] == 1.0
+    assert all(torch.equal(before[n], p) for n, p in _snapshot(trainer).items())
+    assert trainer.store.checkpoint_steps() == [0, 1]
+
+
+def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path, tokenizer: Any) -> None:
+    plain = _trainer(tmp_path / "plain")
+    plain.train_step(_groups(tokenizer), TrainConfig(learning_rate=1e-3))
+    recomputed = _trainer(tmp_path / "recomputed")
+    recomputed.train_step(_groups(tokenizer), TrainConfig(learning_rate=1e-3, gradient_checkpointing=True))
+    a, b = _snapshot(plain), _snapshot(recomputed)
+    assert all(torch.allclose(a[n], b[n], atol=1e-5) for n in a)
+
+
+async def test_each_step_is_deployed_before_it_is_reported(
+    tmp_path: Path, tokenizer: Any, router: Router, gateway: GatewayThread
+) -> None:
+    async def deploy(path: Path, step: int) -> str:
+        return await router.deploy("trained", path, step)
+
+    trainer = _trainer(tmp_path, deploy=deploy)
+    await router.deploy("trained", trainer.adapter_path(0), 0)
+    result = await trainer.train(_groups(tokenizer), TrainConfig(learning_rate=1e-3))
+    assert router.resolve("trained") == ("trained@1", 1)
+    assert result.metrics["time/deploy"] >= 0
+    (row,) = trainer.store.read_history()
+    assert row["step"] == 1 and row["split"] == "train"
+    for key in ["train/loss", "reward/mean", "reward/std", "data/zero_variance_share", "train/clip_fraction",
+                "train/entropy", "train/grad_norm", "data/trained_tokens", "data/sequences", "time/forward_backward",
+                "time/optimizer", "time/checkpoint", "time/deploy"]:  # fmt: skip
+        assert key in row, key
+    stored = trainer.store.load_groups("train", 0)  # the step's trajectories went to disk first
+    assert [[t.reward for t in g] for g in stored] == [[1.0, 0.0, 1.0, 0.0], [1.0, 1.0]]
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
+    response = await client.chat.completions.create(
+        model="trained", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    record = gateway.gateway.records.get(response.id)
+    assert record is not None and record.served_model == "trained@1"
+
+
+async def test_token_exact_assembly_from_gateway_records(
+    tmp_path: Path, tokenizer: Any, gateway: GatewayThread
+) -> None:
+    from tests.integration.test_serving import FEW_SHOT, SERVED_BASE, TOOLS, _client, _first_tool_call
+
+    first, _ = await _first_tool_call(gateway)
+    message = first.choices[0].message
+    call = (message.tool_calls or [])[0]
+    follow_up = [
+        *FEW_SHOT,
+        message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}),
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
+    second = await _client(gateway, "assembly").chat.completions.create(
+        model=SERVED_BASE, messages=follow_up, tools=TOOLS, max_tokens=16, temperature=0.7, seed=1
+    )
+    records: list[CompletionRecord] = [gateway.gateway.records.get(c.id) for c in (first, second)]  # type: ignore[misc]
+    conversation: list[Any] = [*FEW_SHOT, records[0].model_turn(), follow_up[-1], records[1].model_turn()]
+    trajectory = jm.Trajectory(conversation=conversation, tools=TOOLS, reward=1.0)
+    other = jm.Trajectory(conversation=conversation, tools=TOOLS, reward=0.0)
+    batch = build_batch([jm.TrajectoryGroup([trajectory, other])], tokenizer, TrainConfig())
+    assert batch.counts["data/prefix_breaks"] == 0
+    sequence = batch.sequences[0]
+    sampled = [t for r in records for t in (r.choices[0].completion_token_ids or [])]
+    assert [t for t, m in zip(sequence.tokens, sequence.mask, strict=True) if m] == sampled
+    assert sequence.tokens[: len(records[1].prompt_token_ids or [])] == records[1].prompt_token_ids
+
+    trainer = _trainer(tmp_path)
+    ids = torch.tensor([sequence.tokens])
+    mask = torch.tensor([sequence.mask[1:]], dtype=torch.float32)
+    with torch.no_grad():
+        logprobs, _ = trainer._token_logprobs(ids, torch.ones_like(ids), ids[:, 1:], mask, 512)
+    training = logprobs[mask.bool()]
+    sampling = torch.tensor(
+        [lp for lp, m in zip(sequence.sampling_logprobs[1:], sequence.mask[1:], strict=True) if m]
+    )
+    difference = (training - sampling).abs()
+    print(f"\nstep-0 training vs vLLM sampling logprobs over {len(sampled)} tokens: "
+          f"mean |diff| {difference.mean():.4f}, max {difference.max():.4f}")  # fmt: skip
+    assert difference.mean() < 0.05
