@@ -19,6 +19,7 @@ Checkpoints hold no pickle: tensors go to safetensors, everything else to JSON.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import math
@@ -80,6 +81,7 @@ class Trainer:
         precision: str = "auto",
         threads: int | None = None,
         deploy: Deploy | None = None,
+        engine: str = "auto",
     ) -> None:
         self.base_model = base_model
         self.store = store
@@ -87,6 +89,9 @@ class Trainer:
         self.precision = precision
         self.threads = threads
         self.deploy = deploy
+        if engine not in ("auto", "transformers", "unsloth"):
+            raise ConfigError(f"engine must be auto, transformers or unsloth, got {engine!r}")
+        self.engine = engine
         self.step = 0
         self.model: Any = None
         self.tokenizer: Any = None
@@ -101,40 +106,86 @@ class Trainer:
             return torch.float32
         return torch.bfloat16
 
+    @property
+    def uses_unsloth(self) -> bool:
+        """Unsloth when asked for, or by default where CUDA and Unsloth are both present."""
+        if self.engine == "unsloth":
+            if not (torch.cuda.is_available() and importlib.util.find_spec("unsloth")):
+                raise ConfigError("engine='unsloth' needs a CUDA GPU and `pip install 'journeyman[unsloth]'`")
+            return True
+        return (
+            self.engine == "auto"
+            and torch.cuda.is_available()
+            and importlib.util.find_spec("unsloth") is not None
+        )
+
     def load(self) -> int:
         """Load the base model and the latest complete checkpoint (or create step 0); return the step."""
-        from peft import LoraConfig, PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         if self.threads:
             torch.set_num_threads(self.threads)
         path = resolve_base_model(str(self.base_model))
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
         latest = self.store.latest_checkpoint()
-        if latest is None:
-            config = LoraConfig(
-                r=self.lora.rank,
-                lora_alpha=self.lora.alpha,  # type: ignore[arg-type]  # peft accepts floats
-                lora_dropout=self.lora.dropout,
-                target_modules=list(self.lora.effective_target_modules),
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
-            self.step = 0
-            self._save_checkpoint(0)
-            logger.info("created the step-0 adapter in %s", self.store.checkpoint_path(0))
+        if self.uses_unsloth:
+            self._load_unsloth(path, latest)
         else:
-            self.step, folder = latest
-            self.model = PeftModel.from_pretrained(base, folder / ADAPTER, is_trainable=True)
-            logger.info("resumed from %s", folder)
+            self._load_transformers(path, latest)
         for parameter in self.model.parameters():
             if parameter.requires_grad:
                 parameter.data = parameter.data.float()  # LoRA weights and optimizer state in fp32
         self.optimizer = None
-        if latest is not None:
+        if latest is None:
+            self.step = 0
+            self._save_checkpoint(0)
+            logger.info("created the step-0 adapter in %s", self.store.checkpoint_path(0))
+        else:
+            self.step = latest[0]
             self._load_optimizer(latest[1])
+            logger.info("resumed from %s", latest[1])
         return self.step
+
+    def _peft_config(self) -> Any:
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora.rank,
+            lora_alpha=self.lora.alpha,  # type: ignore[arg-type]  # peft accepts floats
+            lora_dropout=self.lora.dropout,
+            target_modules=list(self.lora.effective_target_modules),
+            task_type="CAUSAL_LM",
+        )
+
+    def _load_transformers(self, path: Path | str, latest: tuple[int, Path] | None) -> None:
+        from peft import PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        if latest is None:
+            self.model = get_peft_model(base, self._peft_config())
+        else:
+            self.model = PeftModel.from_pretrained(base, latest[1] / ADAPTER, is_trainable=True)
+
+    def _load_unsloth(
+        self, path: Path | str, latest: tuple[int, Path] | None
+    ) -> None:  # pragma: no cover - GPU only
+        """Unsloth's fused kernels on CUDA; the same peft adapter format on disk."""
+        from unsloth import FastLanguageModel
+
+        source = str(latest[1] / ADAPTER) if latest is not None else str(path)
+        model, self.tokenizer = FastLanguageModel.from_pretrained(
+            model_name=source, dtype=self.dtype, load_in_4bit=False
+        )
+        if latest is None:
+            lora = self.lora
+            model = FastLanguageModel.get_peft_model(
+                model,
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.effective_target_modules),
+            )
+        FastLanguageModel.for_training(model)
+        self.model = model
 
     def adapter_path(self, step: int | None = None) -> Path:
         return self.store.checkpoint_path(self.step if step is None else step) / ADAPTER

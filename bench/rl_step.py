@@ -1,0 +1,174 @@
+"""One RL step, journeyman vs TRL's GRPOTrainer, on the same model, shapes and LoRA config.
+
+A step = a group of 8 rollouts x 64 new tokens for one prompt, rewards, one optimizer step.
+journeyman: rollouts through the gateway to vLLM (bound to its cores), the GRPO LoRA trainer,
+and the new adapter deployed back to vLLM. TRL: GRPOTrainer with HF generate inside the step.
+Each side runs in its own process (so peak memory is its own), 4 steps, the first dropped as
+warm-up. Target: journeyman >= 3x faster; lower peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GROUP, TOKENS, STEPS = 8, 64, 4
+RANK, ALPHA = 8, 16
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = [f"Write one sentence about the number {n}." for n in range(STEPS)]
+
+
+def reward(text: str) -> float:
+    """Any reward with spread will do for timing: the share of distinct words."""
+    words = text.split()
+    return len(set(words)) / max(1, len(words))
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+async def ours() -> dict[str, object]:
+    import openai
+
+    import journeyman as jm
+    from bench.common import serving_stack
+    from journeyman.backend.trainer import Trainer
+    from journeyman.config import LoRAConfig, TrainConfig
+
+    config = TrainConfig(loss="dapo", learning_rate=1e-5)
+    with serving_stack(served_name="base", max_lora_rank=RANK) as stack, tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            stack.model_dir, jm.ModelStore("bench", "agent", root=tmp), lora=LoRAConfig(rank=RANK, alpha=ALPHA),
+            threads=int(os.environ.get("TRAINER_THREADS", "2")),
+            deploy=lambda path, step: stack.router.deploy("agent", path, step),
+        )  # fmt: skip
+        trainer.load()
+        await stack.router.deploy("agent", trainer.adapter_path(0), 0)
+        client = openai.AsyncOpenAI(
+            base_url=stack.gateway.base_url + "/v1", api_key="-", max_retries=0, timeout=600
+        )
+        records = stack.gateway.gateway.records
+        steps, phases = [], []
+        for prompt in PROMPTS:
+            start = time.perf_counter()
+            messages = [{"role": "user", "content": prompt}]
+
+            async def rollout(messages: list[dict[str, str]]) -> jm.Trajectory:
+                response = await client.chat.completions.create(
+                    model="agent", messages=messages, max_tokens=TOKENS, temperature=1.0,
+                    extra_body={"min_tokens": TOKENS, "ignore_eos": True},
+                )  # fmt: skip
+                record = records.get(response.id)
+                assert record is not None
+                text = response.choices[0].message.content or ""
+                return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward(text))
+
+            group = jm.TrajectoryGroup(await asyncio.gather(*(rollout(messages) for _ in range(GROUP))))
+            rolled = time.perf_counter()
+            result = await trainer.train([group], config)
+            steps.append(time.perf_counter() - start)
+            phases.append(
+                {
+                    "rollouts": rolled - start,
+                    **{k: v for k, v in result.metrics.items() if k.startswith("time/")},
+                }
+            )
+    return {"steps": steps, "phases": phases, "peak_rss_gib": peak_rss_gib()}
+
+
+def trl() -> dict[str, object]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from journeyman.backend.models import prepare_model
+
+    torch.set_num_threads(2)
+    model_dir = prepare_model("smollm2-135m")
+    steps: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            steps.append(time.perf_counter() - self.start)
+
+    def reward_fn(completions: list[object], **kwargs: object) -> list[float]:
+        return [reward(c[0]["content"] if isinstance(c, list) else str(c)) for c in completions]
+
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, per_device_train_batch_size=GROUP, num_generations=GROUP, max_completion_length=TOKENS,
+            generation_kwargs={"min_new_tokens": TOKENS}, learning_rate=1e-5, loss_type="dapo", max_steps=STEPS,
+            use_cpu=True, bf16=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+        )  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(model_dir, padding_side="left"),
+            peft_config=LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, task_type="CAUSAL_LM"),
+            callbacks=[Timer()],
+        )  # fmt: skip
+        trainer.train()
+    return {"steps": steps, "peak_rss_gib": peak_rss_gib()}
+
+
+def run(which: str) -> dict[str, object]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.rl_step", "--child", which],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{which} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
+def measure() -> str:
+    from bench.common import machine, table
+
+    results = {name: run(name) for name in ("ours", "trl")}
+    median = {name: statistics.median(r["steps"][1:]) for name, r in results.items()}  # type: ignore[index]
+    rows = [
+        ("journeyman (gateway + vLLM rollouts, GRPO LoRA step, redeploy)", f"{median['ours']:.2f}", f"{results['ours']['peak_rss_gib']:.2f} + vLLM"),
+        ("TRL GRPOTrainer (HF generate in the step)", f"{median['trl']:.2f}", f"{results['trl']['peak_rss_gib']:.2f}"),
+    ]  # fmt: skip
+    phases = results["ours"]["phases"][1:]  # type: ignore[index]
+    split = ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0])
+    return (
+        f"### One RL step: {GROUP} rollouts x {TOKENS} tokens + a LoRA r={RANK} step ({machine()})\n\n"
+        + table(["system", "median s/step", "peak RSS GiB"], rows)
+        + f"\n\nSpeed-up: {median['trl'] / median['ours']:.2f}x. journeyman's step split: {split}. "
+        "The vLLM server's own memory (about 4.3 GB resident) is not in its column.\n"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--child", choices=["ours", "trl"])
+    args = parser.parse_args()
+    if args.child == "ours":
+        print(json.dumps(asyncio.run(ours())))
+    elif args.child == "trl":
+        print(json.dumps(trl()))
+    else:
+        print(measure())
