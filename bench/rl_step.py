@@ -1,6 +1,7 @@
 """One RL step, journeyman vs TRL's GRPOTrainer, on the same model, shapes and LoRA config.
 
 A step = a group of 8 rollouts x 64 new tokens for one prompt, rewards, one optimizer step.
+Both sides use TRL's defaults where they overlap: DAPO loss, bf16, gradient checkpointing.
 journeyman: rollouts through the gateway to vLLM (bound to its cores), the GRPO LoRA trainer,
 and the new adapter deployed back to vLLM. TRL: GRPOTrainer with HF generate inside the step.
 Each side runs in its own process (so peak memory is its own), 4 steps, the first dropped as
@@ -45,8 +46,13 @@ async def ours() -> dict[str, object]:
     from journeyman.backend.trainer import Trainer
     from journeyman.config import LoRAConfig, TrainConfig
 
-    config = TrainConfig(loss="dapo", learning_rate=1e-5)
-    with serving_stack(served_name="base", max_lora_rank=RANK) as stack, tempfile.TemporaryDirectory() as tmp:
+    # Same as TRL's defaults: DAPO loss, gradient checkpointing on.
+    config = TrainConfig(loss="dapo", learning_rate=1e-5, gradient_checkpointing=True)
+    cores = os.environ.get("VLLM_CORES", "0-1")  # rollouts and training alternate: each may use both cores
+    with (
+        serving_stack(served_name="base", max_lora_rank=RANK, cpu_cores=cores, reserved_cpus=0) as stack,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         trainer = Trainer(
             stack.model_dir, jm.ModelStore("bench", "agent", root=tmp), lora=LoRAConfig(rank=RANK, alpha=ALPHA),
             threads=int(os.environ.get("TRAINER_THREADS", "2")),

@@ -4,6 +4,7 @@
 Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and their extras.
 """
 
+from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.errors import (
     AdapterError,
     BackendError,
@@ -18,6 +19,7 @@ from journeyman.errors import (
     StorageError,
     UpstreamError,
 )
+from journeyman.gather import gather_trajectory_groups, retry
 from journeyman.messages import (
     AnyMessage,
     AssistantMessage,
@@ -32,6 +34,7 @@ from journeyman.messages import (
     ToolMessage,
     UserMessage,
 )
+from journeyman.records import CompletionRecord
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
@@ -42,6 +45,7 @@ __all__ = [
     "AnyMessage",
     "AssistantMessage",
     "BackendError",
+    "CompletionRecord",
     "ConfigError",
     "Failure",
     "FunctionCall",
@@ -51,6 +55,7 @@ __all__ = [
     "Item",
     "JourneymanError",
     "JudgeError",
+    "LoRAConfig",
     "Message",
     "MissingDependencyError",
     "ModelPreparationError",
@@ -63,11 +68,14 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolMessage",
+    "TrainConfig",
     "Trajectory",
     "TrajectoryGroup",
     "UpstreamError",
     "UserMessage",
     "__version__",
+    "gather_trajectory_groups",
     "load_group",
     "load_trajectory",
+    "retry",
 ]

@@ -20,17 +20,18 @@ Both round-trip exactly through JSON::
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 import time
 import traceback as traceback_module
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
 from journeyman.errors import InvalidDataError
 from journeyman.messages import AnyMessage, Item, ModelTurn, Tool, item_message
@@ -194,7 +195,9 @@ class Failure(_Record):
 class TrajectoryGroup(_Record):
     """The attempts at one scenario, compared with each other by GRPO, and the failures met.
 
-    ``TrajectoryGroup(trajectories)`` takes them positionally.
+    ``TrajectoryGroup(trajectories)`` takes them positionally. Given rollout coroutines instead
+    (``TrajectoryGroup(rollout(s) for _ in range(8))``), the group is awaitable: ``await group``
+    runs them concurrently, keeps each trajectory and records each failure.
     """
 
     id: str = Field(default_factory=_new_id)
@@ -205,12 +208,31 @@ class TrajectoryGroup(_Record):
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
 
-    def __init__(self, trajectories: Iterable[Trajectory] | None = None, /, **data: Any) -> None:
+    _pending: list[Awaitable[Any]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self, trajectories: Iterable[Trajectory | Awaitable[Trajectory]] | None = None, /, **data: Any
+    ) -> None:
+        pending: list[Awaitable[Any]] = []
         if trajectories is not None:
             if "trajectories" in data:
                 raise TypeError("pass the trajectories positionally or as trajectories=..., not both")
-            data["trajectories"] = list(trajectories)
+            done: list[Trajectory] = []
+            for item in trajectories:
+                if inspect.isawaitable(item):
+                    pending.append(item)
+                else:
+                    done.append(item)
+            data["trajectories"] = done
         super().__init__(**data)
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
+        """Run the rollouts given as coroutines; failures are recorded on the group."""
+        from journeyman.gather import collect_group
+
+        pending, self._pending = self._pending, []
+        return collect_group(self, pending).__await__()
 
     def __len__(self) -> int:
         return len(self.trajectories)

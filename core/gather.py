@@ -1,0 +1,262 @@
+"""Running rollouts: groups of them at once, failures recorded as data, progress shown.
+
+::
+
+    groups = await jm.gather_trajectory_groups(
+        (jm.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios),
+        max_exceptions=0.1,
+    )
+
+A rollout that raises is not lost and does not stop the batch: its exception is recorded on its
+group (type, message, traceback) and counted. Only when more rollouts fail than
+``max_exceptions`` allows (a count, or a fraction of all rollouts when below 1) does the gather
+stop, raising :class:`~journeyman.errors.RolloutError` that names the failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import statistics
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar, overload
+
+from journeyman.errors import InvalidDataError, RolloutError
+from journeyman.trajectory import Trajectory, TrajectoryGroup
+
+__all__ = ["gather_trajectory_groups", "retry"]
+
+logger = logging.getLogger(__name__)
+
+AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | list[TrajectoryGroup] | None]]
+
+
+@dataclass
+class _Gather:
+    """Shared by the groups of one gather: counts and the progress display."""
+
+    total: int
+    limit: float
+    finished: int = 0
+    failed: int = 0
+    rewards: list[float] = field(default_factory=list)
+    progress: Any = None
+    task: Any = None
+
+    def allowed(self) -> int:
+        return int(self.limit * self.total) if 0 < self.limit < 1 else int(self.limit)
+
+    def update(self) -> None:
+        if self.progress is not None:
+            reward = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
+            self.progress.update(self.task, completed=self.finished, reward=reward, failed=self.failed)
+
+
+_current: contextvars.ContextVar[_Gather | None] = contextvars.ContextVar("journeyman_gather", default=None)
+
+
+async def collect_group(group: TrajectoryGroup, pending: list[Awaitable[Any]]) -> TrajectoryGroup:
+    """Await a group's rollouts, keeping each result or recording its failure."""
+    gather = _current.get()
+
+    async def one(awaitable: Awaitable[Any]) -> None:
+        try:
+            result = await awaitable
+            if not isinstance(result, Trajectory):
+                raise InvalidDataError(f"a rollout returned {type(result).__name__}, not a Trajectory")
+            group.trajectories.append(result)
+            if gather is not None and result.reward is not None:
+                gather.rewards.append(result.reward)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            group.record_failure(error, stage="rollout")
+            logger.warning("a rollout failed: %s: %s", type(error).__name__, error)
+            if gather is not None:
+                gather.failed += 1
+                if gather.failed > gather.allowed():
+                    raise RolloutError(
+                        f"{gather.failed} rollouts failed, more than max_exceptions allows "
+                        f"({gather.allowed()} of {gather.total}); last: {type(error).__name__}: {error}. "
+                        "Raise max_exceptions to carry on past failures (they stay recorded on their groups)."
+                    ) from error
+        finally:
+            if gather is not None:
+                gather.finished += 1
+                gather.update()
+
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            for awaitable in pending:
+                tasks.create_task(one(awaitable))
+    except* RolloutError as errors:
+        raise _first(errors) from None
+    return group
+
+
+def _first(errors: BaseExceptionGroup[RolloutError]) -> RolloutError:
+    """The first leaf of a (possibly nested) exception group."""
+    first: BaseException = errors
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, RolloutError)
+    return first
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[TrajectoryGroup | Awaitable[TrajectoryGroup]],
+    *,
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+    description: str = "gather",
+    progress: bool = True,
+) -> list[TrajectoryGroup]:
+    """Run every group's rollouts concurrently; return the groups in the order given.
+
+    ``after_each`` runs on each group as soon as its rollouts are done (a judge, say); it may
+    return the group, a list of groups, or None to drop it. If it raises, the failure is
+    recorded on the group (stage ``"reward"``) and the group is kept unscored.
+    """
+    items = list(groups)
+    if max_exceptions < 0:
+        raise ValueError(f"max_exceptions must be >= 0, got {max_exceptions}")
+    total = sum(len(g._pending) if isinstance(g, TrajectoryGroup) else 1 for g in items)
+    state = _Gather(total=total, limit=max_exceptions)
+    token = _current.set(state)
+    display = _progress(description, total) if progress else None
+    try:
+        if display is not None:
+            state.progress, state.task = (
+                display,
+                display.add_task(description, total=total, reward="-", failed=0),
+            )
+            display.start()
+
+        async def run(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> list[TrajectoryGroup]:
+            group = await item
+            if not isinstance(group, TrajectoryGroup):
+                raise InvalidDataError(
+                    f"gather_trajectory_groups got {type(group).__name__}, not a TrajectoryGroup"
+                )
+            if after_each is None:
+                return [group]
+            try:
+                result = await after_each(group)
+            except Exception as error:
+                group.record_failure(error, stage="reward")
+                return [group]
+            if result is None:
+                return []
+            return result if isinstance(result, list) else [result]
+
+        async with asyncio.TaskGroup() as tasks:
+            running = [tasks.create_task(run(item)) for item in items]
+    except* RolloutError as errors:
+        raise _first(errors) from None
+    finally:
+        _current.reset(token)
+        if display is not None:
+            display.stop()
+    return [group for task in running for group in task.result()]
+
+
+def _progress(description: str, total: int) -> Any:
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:  # pragma: no cover - rich is a dependency
+        return None
+    return Progress(
+        TextColumn(f"[bold]{description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]}  failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@overload
+def retry(function: Callable[P, R], /) -> Callable[P, R]: ...
+@overload
+def retry(
+    *,
+    max_attempts: int = 3,
+    delay: float = 0.25,
+    backoff: float = 2.0,
+    exceptions: tuple[type[BaseException], ...] = (Exception,),
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def retry(
+    function: Callable[P, R] | None = None,
+    /,
+    *,
+    max_attempts: int = 3,
+    delay: float = 0.25,
+    backoff: float = 2.0,
+    exceptions: tuple[type[BaseException], ...] = (Exception,),
+) -> Any:
+    """Retry a sync or async function on ``exceptions`` with exponential backoff; logs each retry."""
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                wait = delay
+                for attempt in range(1, max_attempts + 1):
+                    try:
+                        return await fn(*args, **kwargs)
+                    except exceptions as error:
+                        if attempt == max_attempts:
+                            raise
+                        logger.warning(
+                            "%s failed (%r); retry %d of %d in %.2f s",
+                            fn.__name__,
+                            error,
+                            attempt,
+                            max_attempts - 1,
+                            wait,
+                        )
+                        await asyncio.sleep(wait)
+                        wait *= backoff
+                raise AssertionError("unreachable")
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            import time
+
+            wait = delay
+            for attempt in range(1, max_attempts + 1):
+                try:
+                    return fn(*args, **kwargs)
+                except exceptions as error:
+                    if attempt == max_attempts:
+                        raise
+                    logger.warning(
+                        "%s failed (%r); retry %d of %d in %.2f s",
+                        fn.__name__,
+                        error,
+                        attempt,
+                        max_attempts - 1,
+                        wait,
+                    )
+                    time.sleep(wait)
+                    wait *= backoff
+            raise AssertionError("unreachable")
+
+        return wrapper
+
+    return decorate(function) if function is not None else decorate

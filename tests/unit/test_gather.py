@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import journeyman as jm
+
+
+async def rollout(reward: float, fail: bool = False, delay: float = 0.0) -> jm.Trajectory:
+    await asyncio.sleep(delay)
+    if fail:
+        raise ConnectionError(f"rollout {reward} lost its connection")
+    return jm.Trajectory(conversation=[{"role": "user", "content": str(reward)}], reward=reward)
+
+
+async def test_a_group_of_coroutines_is_awaitable_and_keeps_failures() -> None:
+    group = jm.TrajectoryGroup([rollout(1.0), rollout(0.0, fail=True), rollout(0.5)])
+    assert group.trajectories == []
+    done = await group
+    assert done is group
+    assert sorted(t.reward or 0 for t in group) == [0.5, 1.0]
+    (failure,) = group.failures
+    assert (failure.type, failure.stage) == ("ConnectionError", "rollout")
+    assert "lost its connection" in failure.message and failure.traceback
+    assert await group is group  # awaiting again runs nothing twice
+    assert len(group) == 2
+
+
+async def test_gather_keeps_order_and_counts_failures_under_the_limit() -> None:
+    groups = await jm.gather_trajectory_groups(
+        (
+            jm.TrajectoryGroup(rollout(r, fail=(r == 2 and i == 0), delay=0.01 * (3 - r)) for i in range(4))
+            for r in range(3)
+        ),
+        max_exceptions=0.25,
+        progress=False,
+    )
+    assert [{t.reward for t in g} for g in groups] == [
+        {0.0},
+        {1.0},
+        {2.0},
+    ]  # the order given, not finish order
+    assert [len(g.failures) for g in groups] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 0.1])
+async def test_too_many_failures_stop_the_gather(limit: float) -> None:
+    with pytest.raises(jm.RolloutError, match=r"rollouts failed, more than max_exceptions allows"):
+        await jm.gather_trajectory_groups(
+            [jm.TrajectoryGroup([rollout(1.0, fail=True), rollout(2.0, fail=True), rollout(3.0)])],
+            max_exceptions=limit,
+            progress=False,
+        )
+
+
+async def test_after_each_can_rescore_drop_or_fail() -> None:
+    async def judge(group: jm.TrajectoryGroup) -> jm.TrajectoryGroup | None:
+        first = group.trajectories[0].reward
+        if first == 0.0:
+            return None  # drop
+        if first == 2.0:
+            raise TimeoutError("judge timed out")
+        for trajectory in group:
+            trajectory.reward = 10 * (trajectory.reward or 0)
+        return group
+
+    groups = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup([rollout(float(r))]) for r in range(3)], after_each=judge, progress=False
+    )
+    assert [g.trajectories[0].reward for g in groups] == [10.0, 2.0]
+    assert [f.stage for f in groups[1].failures] == ["reward"]
+
+
+async def test_a_rollout_returning_something_else_is_a_recorded_failure() -> None:
+    async def bad() -> str:
+        return "not a trajectory"
+
+    (group,) = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup([bad()])], max_exceptions=1, progress=False
+    )
+    assert group.failures[0].type == "InvalidDataError" and "returned str" in group.failures[0].message
+
+
+async def test_progress_display_runs() -> None:
+    groups = await jm.gather_trajectory_groups([jm.TrajectoryGroup([rollout(1.0)])], progress=True)
+    assert groups[0].reward == 1.0
+
+
+async def test_retry_async_and_sync() -> None:
+    calls = {"async": 0, "sync": 0}
+
+    @jm.retry(max_attempts=3, delay=0.001)
+    async def flaky() -> str:
+        calls["async"] += 1
+        if calls["async"] < 3:
+            raise ConnectionError("again")
+        return "ok"
+
+    @jm.retry(max_attempts=2, delay=0.001, exceptions=(ValueError,))
+    def always_fails() -> None:
+        calls["sync"] += 1
+        raise ValueError("no")
+
+    assert await flaky() == "ok" and calls["async"] == 3
+    with pytest.raises(ValueError, match="no"):
+        always_fails()
+    assert calls["sync"] == 2
