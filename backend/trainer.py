@@ -260,6 +260,10 @@ class Trainer:
     def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
         if self.model is None:
             self.load()
+        if self.threads:
+            torch.set_num_threads(
+                self.threads
+            )  # OpenMP settings are per thread: set them where the step runs
         torch.manual_seed(config.seed + self.step)
         timings: dict[str, float] = {}
         start = time.perf_counter()

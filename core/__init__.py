@@ -34,6 +34,7 @@ from journeyman.messages import (
     ToolMessage,
     UserMessage,
 )
+from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
 from journeyman.records import CompletionRecord
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
@@ -44,6 +45,7 @@ __all__ = [
     "AdapterError",
     "AnyMessage",
     "AssistantMessage",
+    "Backend",
     "BackendError",
     "CompletionRecord",
     "ConfigError",
@@ -58,9 +60,11 @@ __all__ = [
     "LoRAConfig",
     "Message",
     "MissingDependencyError",
+    "Model",
     "ModelPreparationError",
     "ModelStore",
     "ModelTurn",
+    "Registration",
     "RolloutError",
     "ServerStartError",
     "StorageError",
@@ -69,6 +73,8 @@ __all__ = [
     "ToolCall",
     "ToolMessage",
     "TrainConfig",
+    "TrainResult",
+    "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
     "UpstreamError",

@@ -1,0 +1,141 @@
+"""LocalBackend: vLLM, the capture gateway and the trainer, in this process tree.
+
+Rollouts and training alternate (gather, then train), so by default both may use every core:
+vLLM's inference threads are bound to all cores, and the trainer uses as many threads. Set
+``vllm_cores``/``trainer_threads`` to split them when something else runs beside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from journeyman.config import TrainConfig
+from journeyman.errors import ConfigError
+from journeyman.model import Registration, TrainableModel, TrainResult
+from journeyman.store import default_root
+from journeyman.trajectory import TrajectoryGroup
+
+from .gateway import Gateway, GatewayThread, RecordLog
+from .models import resolve_base_model
+from .router import Router
+from .trainer import Trainer
+from .vllm import VLLMConfig, VLLMServer
+
+__all__ = ["LocalBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    """Serves and trains models on this machine. ``async with LocalBackend() as backend: ...``"""
+
+    def __init__(
+        self,
+        *,
+        root: str | Path | None = None,
+        vllm: VLLMConfig | None = None,
+        vllm_cores: str | None = None,
+        trainer_threads: int | None = None,
+        keep_versions: int = 2,
+        gateway_port: int | None = None,
+    ) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self._vllm_config = vllm
+        cores = os.cpu_count() or 1
+        self.vllm_cores = vllm_cores or (f"0-{cores - 1}" if cores > 1 else "0")
+        self.trainer_threads = trainer_threads or cores
+        self.keep_versions = keep_versions
+        self.gateway_port = gateway_port
+        self.server: VLLMServer | None = None
+        self.router: Router | None = None
+        self.gateway: GatewayThread | None = None
+        self.records: RecordLog | None = None
+        self._base: Path | str | None = None
+        self._trainers: dict[str, Trainer] = {}
+
+    async def __aenter__(self) -> LocalBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _serve(self, base: Path | str) -> None:
+        if self.server is not None:
+            if str(base) != str(self._base):
+                raise ConfigError(
+                    f"this LocalBackend serves {self._base}; {base} needs a LocalBackend of its own "
+                    "(one vLLM server serves one base model)"
+                )
+            return
+        config = self._vllm_config or VLLMConfig(model=base)
+        config = replace(
+            config, model=base, served_name=config.served_name, cpu_cores=self.vllm_cores, reserved_cpus=0
+        )
+        self.server = VLLMServer(config, log_path=self.root / "logs" / "vllm.log")
+        self.server.launch()  # from this (long-lived) thread: the server lives with the caller
+        try:
+            await asyncio.to_thread(self.server.wait_healthy)
+        except BaseException:
+            self.server.stop()
+            self.server = None
+            raise
+        self._base = base
+        self.router = Router(self.server, keep_versions=self.keep_versions)
+        self.records = RecordLog(self.root / "gateway" / "completions.jsonl")
+        self.gateway = GatewayThread(Gateway(self.router, self.records), port=self.gateway_port).start()
+
+    async def register(self, model: TrainableModel) -> Registration:
+        base = await asyncio.to_thread(resolve_base_model, model.base_model)
+        await self._serve(base)
+        assert self.router is not None and self.gateway is not None
+        if model.name in self._trainers:
+            trainer = self._trainers[model.name]
+        else:
+            router = self.router
+
+            async def deploy(path: Path, step: int) -> Any:
+                return await router.deploy(model.name, path, step)
+
+            trainer = Trainer(base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy)
+            await asyncio.to_thread(trainer.load)
+            self._trainers[model.name] = trainer
+            if trainer.step == 0:
+                # The step-0 adapter is peft's no-op initialisation: serve the base model, which
+                # answers the same and faster (LoRA roughly halves CPU throughput).
+                await self.router.deploy(model.name, None, 0)
+            else:
+                await self.router.deploy(model.name, trainer.adapter_path(), trainer.step)
+        return Registration(base_url=f"{self.gateway.base_url}/v1", api_key="local", step=trainer.step)
+
+    def _trainer(self, model: TrainableModel) -> Trainer:
+        try:
+            return self._trainers[model.name]
+        except KeyError:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend") from None
+
+    async def get_step(self, model: TrainableModel) -> int:
+        return self._trainer(model).step
+
+    async def train(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult:
+        result = await self._trainer(model).train(groups, config)
+        return TrainResult(result.step, result.metrics)
+
+    async def close(self) -> None:
+        if self.gateway is not None:
+            await asyncio.to_thread(self.gateway.stop)
+            self.gateway = None
+        if self.records is not None:
+            self.records.close()
+            self.records = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self._trainers.clear()

@@ -1,0 +1,186 @@
+"""The models a user's rollout code talks to.
+
+``jm.Model`` is any OpenAI-compatible endpoint (a prompted baseline, an external API);
+``jm.TrainableModel`` is trained by a backend and served by it. Both give the same
+``openai_client()`` and ``inference_name``, so the same rollout code evaluates a base model, a
+trained one and an external one::
+
+    model = jm.TrainableModel(name="calc-agent", project="demo", base_model="smollm2-135m")
+    await model.register(LocalBackend())
+    client = model.openai_client()
+    groups = await jm.gather_trajectory_groups(...)
+    result = await model.train(groups, config=jm.TrainConfig(learning_rate=5e-5))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.errors import ConfigError
+from journeyman.store import ModelStore, validate_name
+from journeyman.trajectory import Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["Backend", "Model", "Registration", "TrainResult", "TrainableModel"]
+
+
+@dataclass
+class Registration:
+    """What a backend tells a model when it registers."""
+
+    base_url: str
+    """The OpenAI-compatible base URL (``.../v1``) of the backend's gateway."""
+    api_key: str
+    step: int
+
+
+@dataclass
+class TrainResult:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Serves and trains models: :class:`journeyman.backend.LocalBackend` or a remote one."""
+
+    async def register(self, model: TrainableModel) -> Registration: ...
+
+    async def get_step(self, model: TrainableModel) -> int: ...
+
+    async def train(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult: ...
+
+
+class Model(BaseModel):
+    """A model behind any OpenAI-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str
+    project: str
+    inference_base_url: str | None = None
+    """Base URL of the OpenAI-compatible API, e.g. ``https://api.openai.com/v1``."""
+    inference_api_key: str | None = None
+    inference_model_name: str | None = None
+    """The model name to send; defaults to ``name``."""
+    root: Path | None = None
+    """Where runs are stored (default: ``$JOURNEYMAN_ROOT`` or ``./.journeyman``)."""
+    _client: Any = PrivateAttr(default=None)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _safe(cls, value: str) -> str:
+        return validate_name(value)
+
+    @property
+    def inference_name(self) -> str:
+        return self.inference_model_name or self.name
+
+    @property
+    def store(self) -> ModelStore:
+        return ModelStore(self.project, self.name, root=self.root)
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An ``AsyncOpenAI`` client for this model's endpoint (made once, then reused)."""
+        if self.inference_base_url is None:
+            raise ConfigError(
+                f"model {self.name!r} has no inference_base_url: give one, or register a TrainableModel with a backend"
+            )
+        if self._client is None:
+            from openai import AsyncOpenAI
+
+            self._client = AsyncOpenAI(
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key or "unused",
+                timeout=1200,
+                max_retries=2,
+            )
+        client: AsyncOpenAI = self._client
+        return client
+
+    async def get_step(self) -> int:
+        return 0
+
+    async def log(
+        self,
+        groups: Sequence[TrajectoryGroup],
+        split: str = "val",
+        *,
+        step: int | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Store the groups under ``split`` and append their averaged metrics to the history."""
+        step = await self.get_step() if step is None else step
+        self.store.save_groups(groups, split, step)
+        row: dict[str, Any] = {
+            "step": step,
+            "split": split,
+            **summarize(groups, prefix=f"{split}/"),
+            **(metrics or {}),
+        }
+        return self.store.append_history(row)
+
+
+class TrainableModel(Model):
+    """A model whose LoRA adapter a backend trains and serves."""
+
+    base_model: str
+    """An alias (``smollm2-135m``), a local Hugging Face folder, or a hub name where hubs are reachable."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    _backend: Backend | None = PrivateAttr(default=None)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise ConfigError(
+                f"model {self.name!r} is not registered: call `await model.register(backend)` first"
+            )
+        return self._backend
+
+    async def register(self, backend: Backend) -> None:
+        """Let ``backend`` serve and train this model; points ``openai_client()`` at it."""
+        registration = await backend.register(self)
+        self._backend = backend
+        self._client = None
+        self.inference_base_url = registration.base_url
+        self.inference_api_key = registration.api_key
+        self.inference_model_name = self.name
+
+    async def get_step(self) -> int:
+        return await self.backend.get_step(self)
+
+    async def train(
+        self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None
+    ) -> TrainResult:
+        """One training step on ``groups``; returns when the new adapter is being served."""
+        return await self.backend.train(self, list(groups), config or TrainConfig())
+
+
+def summarize(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[str, float]:
+    """Averages over the groups' scored trajectories: reward, its std, metrics, failure counts."""
+    trajectories: list[Trajectory] = [t for g in groups for t in g]
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    failures = sum(len(g.failures) for g in groups)
+    row = {
+        f"{prefix}trajectories": float(len(trajectories)),
+        f"{prefix}failures": float(failures),
+        f"{prefix}failure_rate": failures / max(1, failures + len(trajectories)),
+    }
+    if rewards:
+        row[f"{prefix}reward"] = statistics.fmean(rewards)
+        row[f"{prefix}reward_std"] = statistics.pstdev(rewards)
+    keys = sorted({k for t in trajectories for k in t.metrics})
+    for key in keys:
+        values = [float(t.metrics[key]) for t in trajectories if key in t.metrics]
+        row[f"{prefix}{key}"] = statistics.fmean(values)
+    return row
