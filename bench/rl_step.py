@@ -89,6 +89,7 @@ async def ours() -> dict[str, object]:
                     **{k: v for k, v in result.metrics.items() if k.startswith("time/")},
                 }
             )
+        await client.close()
     return {"steps": steps, "phases": phases, "peak_rss_gib": peak_rss_gib()}
 
 

@@ -20,7 +20,13 @@ PROMPTS = [f"Write a short story about the number {n}." for n in range(100, 132)
 
 
 async def through_gateway(base_url: str, concurrency: int, repeats: int) -> float:
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    async with openai.AsyncOpenAI(
+        base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600
+    ) as client:
+        return await _through(client, concurrency, repeats)
+
+
+async def _through(client: openai.AsyncOpenAI, concurrency: int, repeats: int) -> float:
     gate = asyncio.Semaphore(concurrency)
     produced = 0
 

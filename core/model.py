@@ -97,13 +97,20 @@ class Model(BaseModel):
                 f"model {self.name!r} has no inference_base_url: give one, or register a TrainableModel with a backend"
             )
         if self._client is None:
+            import httpx
             from openai import AsyncOpenAI
 
+            # An explicit httpx client: the SDK's default one closes itself from __del__ when
+            # dropped unclosed, and that late close can unregister sockets whose descriptor
+            # numbers were already reused, losing live responses (openai-python #2440).
             self._client = AsyncOpenAI(
                 base_url=self.inference_base_url,
                 api_key=self.inference_api_key or "unused",
                 timeout=1200,
                 max_retries=2,
+                http_client=httpx.AsyncClient(
+                    timeout=1200, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+                ),
             )
         client: AsyncOpenAI = self._client
         return client

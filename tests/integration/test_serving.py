@@ -64,9 +64,16 @@ FEW_SHOT = [
 ]
 
 
+_clients: dict[str, openai.AsyncOpenAI] = {}
+
+
 def _client(gateway: GatewayThread, rollout_id: str | None = None) -> openai.AsyncOpenAI:
+    """One long-lived client per base URL: an AsyncOpenAI dropped unclosed can lose other
+    connections' responses when the SDK closes it late from __del__ (openai-python #2440)."""
     base = f"{gateway.base_url}/r/{rollout_id}/v1" if rollout_id else f"{gateway.base_url}/v1"
-    return openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
+    if base not in _clients:
+        _clients[base] = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
+    return _clients[base]
 
 
 def _record(gateway: GatewayThread, completion_id: str) -> CompletionRecord:

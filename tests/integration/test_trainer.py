@@ -156,10 +156,9 @@ async def test_each_step_is_deployed_before_it_is_reported(
         assert key in row, key
     stored = trainer.store.load_groups("train", 0)  # the step's trajectories went to disk first
     assert [[t.reward for t in g] for g in stored] == [[1.0, 0.0, 1.0, 0.0], [1.0, 1.0]]
-    import openai
+    from tests.integration.test_serving import _client
 
-    client = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
-    response = await client.chat.completions.create(
+    response = await _client(gateway).chat.completions.create(
         model="trained", messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
     record = gateway.gateway.records.get(response.id)
