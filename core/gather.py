@@ -21,7 +21,8 @@ import functools
 import inspect
 import logging
 import statistics
-from collections.abc import Awaitable, Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -208,53 +209,49 @@ def retry(
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
 
+    def waits(fn: Callable[..., Any]) -> Iterator[Callable[[BaseException], float]]:
+        """One callable per attempt: given the attempt's error, it re-raises on the last
+        attempt, else logs and returns the seconds to wait before the next."""
+        wait = delay
+        for attempt in range(1, max_attempts + 1):
+
+            def failed(error: BaseException, attempt: int = attempt, wait: float = wait) -> float:
+                if attempt == max_attempts:
+                    raise error
+                logger.warning(
+                    "%s failed (%r); retry %d of %d in %.2f s",
+                    fn.__name__,
+                    error,
+                    attempt,
+                    max_attempts - 1,
+                    wait,
+                )
+                return wait
+
+            yield failed
+            wait *= backoff
+
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                wait = delay
-                for attempt in range(1, max_attempts + 1):
+                for failed in waits(fn):
                     try:
                         return await fn(*args, **kwargs)
                     except exceptions as error:
-                        if attempt == max_attempts:
-                            raise
-                        logger.warning(
-                            "%s failed (%r); retry %d of %d in %.2f s",
-                            fn.__name__,
-                            error,
-                            attempt,
-                            max_attempts - 1,
-                            wait,
-                        )
-                        await asyncio.sleep(wait)
-                        wait *= backoff
+                        await asyncio.sleep(failed(error))
                 raise AssertionError("unreachable")
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            import time
-
-            wait = delay
-            for attempt in range(1, max_attempts + 1):
+            for failed in waits(fn):
                 try:
                     return fn(*args, **kwargs)
                 except exceptions as error:
-                    if attempt == max_attempts:
-                        raise
-                    logger.warning(
-                        "%s failed (%r); retry %d of %d in %.2f s",
-                        fn.__name__,
-                        error,
-                        attempt,
-                        max_attempts - 1,
-                        wait,
-                    )
-                    time.sleep(wait)
-                    wait *= backoff
+                    time.sleep(failed(error))
             raise AssertionError("unreachable")
 
         return wrapper
