@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from journeyman.errors import JourneymanError
+from journeyman.messages import content_text
+from journeyman.store import ModelStore
 
 from .models import EMBEDDED_MODELS, prepare_model
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: prepare the embedded default.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+checkpoints_app = typer.Typer(help="A model's checkpoints: list, prune.", no_args_is_help=True)
+app.add_typer(checkpoints_app, name="checkpoints")
+trajectories_app = typer.Typer(help="Stored trajectories: show them readably.", no_args_is_help=True)
+app.add_typer(trajectories_app, name="trajectories")
+
+Root = Annotated[Path | None, typer.Option(help="Store root (default: $JOURNEYMAN_ROOT or ./.journeyman).")]
 
 
 @model_app.command("prepare")
@@ -30,6 +42,126 @@ def model_prepare(
     """Convert an embedded model into a Hugging Face folder (once; later runs do nothing)."""
     folder = prepare_model(name, cache_dir, force=force)
     typer.echo(str(folder))
+
+
+@checkpoints_app.command("list")
+def checkpoints_list(project: str, model: str, root: Root = None) -> None:
+    """Steps with a complete checkpoint, their size and the metrics they were saved with."""
+    store = ModelStore(project, model, root=root)
+    table = Table("step", "size MB", "reward/mean", "train/loss")
+    for step in store.checkpoint_steps():
+        folder = store.checkpoint_path(step)
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
+        state = folder / "trainer_state.json"
+        metrics = json.loads(state.read_text()).get("metrics", {}) if state.is_file() else {}
+        table.add_row(
+            str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss"))
+        )
+    Console().print(table)
+
+
+@checkpoints_app.command("prune")
+def checkpoints_prune(
+    project: str,
+    model: str,
+    best_metric: Annotated[
+        str, typer.Option(help="History metric that picks the best step to keep.")
+    ] = "val/reward",
+    lower_is_better: Annotated[
+        bool, typer.Option(help="Keep the step with the lowest value instead.")
+    ] = False,
+    root: Root = None,
+) -> None:
+    """Delete every checkpoint but the latest and the best."""
+    store = ModelStore(project, model, root=root)
+    deleted = store.prune_checkpoints(best_metric, higher_is_better=not lower_is_better)
+    typer.echo(f"deleted steps {deleted}; kept {store.checkpoint_steps()}")
+
+
+@app.command("plot")
+def plot(
+    project: str,
+    model: str,
+    out: Annotated[
+        Path | None, typer.Option(help="PNG to write (default: <model folder>/curves.png).")
+    ] = None,
+    root: Root = None,
+) -> None:
+    """Reward and loss per step from history.jsonl, as a PNG."""
+    store = ModelStore(project, model, root=root)
+    path = plot_history(store.read_history(), out or store.path / "curves.png", title=f"{project}/{model}")
+    typer.echo(str(path))
+
+
+@trajectories_app.command("show")
+def trajectories_show(
+    project: str,
+    model: str,
+    split: Annotated[str, typer.Option(help="train, val, ...")] = "train",
+    step: Annotated[int | None, typer.Option(help="Step (default: the latest stored).")] = None,
+    limit: Annotated[int, typer.Option(help="Trajectories to show.")] = 3,
+    root: Root = None,
+) -> None:
+    """Print stored trajectories as readable conversations."""
+    store = ModelStore(project, model, root=root)
+    steps = store.steps(split)
+    if not steps:
+        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
+    chosen = steps[-1] if step is None else step
+    console = Console()
+    shown = 0
+    for index, group in enumerate(store.load_groups(split, chosen)):
+        for trajectory in group:
+            if shown == limit:
+                return
+            shown += 1
+            console.rule(f"step {chosen} · group {index} · reward {_fmt(trajectory.reward)}")
+            for message in trajectory.messages:
+                text = content_text(message.content) if message.content is not None else ""
+                calls = getattr(message, "tool_calls", None) or []
+                for call in calls:
+                    text += f"\n→ {call.function.name}({call.function.arguments})"
+                console.print(f"[bold]{message.role}[/bold]: {escape(text)}")
+            for line in trajectory.logs:
+                console.print(f"[dim]log: {escape(line)}[/dim]")
+        for failure in group.failures:
+            console.print(f"[red]failure ({failure.stage}): {failure.type}: {escape(failure.message)}[/red]")
+
+
+def plot_history(rows: list[dict[str, object]], out: Path, title: str = "") -> Path:
+    """Reward (train and val) and loss against the step; written to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        raise JourneymanError("history.jsonl is empty: train or log at least one step first")
+    figure, (reward_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in [("reward/mean", "train reward"), ("val/reward", "val reward")]:
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            reward_axis.plot(*zip(*points, strict=True), marker="o", label=label)
+    loss = [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+    if loss:
+        loss_axis.plot(*zip(*loss, strict=True), marker="o", color="tab:red")
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (reward_axis, loss_axis):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    reward_axis.set(xlabel="step", ylabel="reward", title="reward")
+    reward_axis.legend()
+    loss_axis.set(xlabel="step", ylabel="loss", title="train loss")
+    figure.suptitle(title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else "-"
 
 
 def main() -> None:

@@ -272,6 +272,35 @@ class ModelStore:
         steps = self.checkpoint_steps()
         return (steps[-1], self.checkpoint_path(steps[-1])) if steps else None
 
+    def best_step(self, metric: str, *, higher_is_better: bool = True) -> int | None:
+        """The checkpointed step whose history rows have the best mean of ``metric``."""
+        by_step: dict[int, list[float]] = {}
+        for row in self.read_history():
+            value = row.get(metric)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                by_step.setdefault(int(row["step"]), []).append(float(value))
+        candidates = [(sum(v) / len(v), step) for step, v in by_step.items() if step in self.checkpoint_steps()]
+        if not candidates:
+            return None
+        return (max if higher_is_better else min)(candidates)[1]
+
+    def prune_checkpoints(self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True) -> list[int]:
+        """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
+        steps = self.checkpoint_steps()
+        keep = {steps[-1]} if steps else set()
+        if best_metric is not None and (best := self.best_step(best_metric, higher_is_better=higher_is_better)) is not None:
+            keep.add(best)
+        deleted = [step for step in steps if step not in keep]
+        for step in deleted:
+            folder = self.checkpoint_path(step)
+            hidden = folder.with_name(f".{folder.name}.deleting")
+            try:
+                os.replace(folder, hidden)  # vanishes at once for readers, then removed
+            except OSError as error:
+                raise _storage_error("delete", folder, error) from error
+            shutil.rmtree(hidden, ignore_errors=True)
+        return deleted
+
     def write_checkpoint(self, step: int) -> contextlib.AbstractContextManager[Path]:
         """``with store.write_checkpoint(step) as folder:`` write files; it appears when complete."""
         return atomic_dir(self.checkpoint_path(step))

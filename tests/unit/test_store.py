@@ -190,3 +190,19 @@ def test_corrupt_lines_name_the_file_and_line(tmp_path: Path) -> None:
 
 def test_module_exports() -> None:
     assert set(store_module.__all__) >= {"ModelStore", "atomic_write", "atomic_dir", "validate_name"}
+
+
+def test_prune_keeps_the_latest_and_the_best(tmp_path: Path) -> None:
+    store = jm.ModelStore("p", "m", root=tmp_path)
+    for step in range(5):
+        with store.write_checkpoint(step) as folder:
+            (folder / "adapter.safetensors").write_bytes(b"w")
+    for step, reward in [(1, 0.2), (2, 0.9), (2, 0.7), (3, 0.5), (4, 0.1)]:
+        store.append_history({"step": step, "val/reward": reward})
+    assert store.best_step("val/reward") == 2
+    assert store.best_step("val/reward", higher_is_better=False) == 4
+    assert store.prune_checkpoints("val/reward") == [0, 1, 3]
+    assert store.checkpoint_steps() == [2, 4]
+    assert sorted(p.name for p in store.checkpoints_path.iterdir()) == ["0002", "0004"]
+    assert store.prune_checkpoints(None) == [2]
+    assert store.checkpoint_steps() == [4]

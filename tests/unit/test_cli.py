@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import journeyman as jm
+from journeyman.backend.cli import app
+
+runner = CliRunner()
+
+
+def _store(tmp_path: Path) -> jm.ModelStore:
+    store = jm.ModelStore("demo", "agent", root=tmp_path)
+    for step in range(3):
+        with store.write_checkpoint(step) as folder:
+            (folder / "trainer_state.json").write_text(
+                json.dumps({"metrics": {"reward/mean": step / 4, "train/loss": 1 - step / 4}})
+            )
+        if step:
+            store.append_history(
+                {"step": step, "split": "train", "reward/mean": step / 4, "train/loss": 1 - step / 4}
+            )
+            store.append_history({"step": step, "split": "val", "val/reward": [0.0, 0.8, 0.3][step]})
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    trajectory = jm.Trajectory(
+        conversation=[
+            {"role": "user", "content": "What is 2+3?"},
+            {"type": "model_turn", "message": {"role": "assistant", "tool_calls": [call]}},
+            {"role": "tool", "tool_call_id": "c1", "content": "5"},
+            {"role": "assistant", "content": "[5] is the answer"},
+        ],
+        reward=1.0,
+        logs=["judge: correct"],
+    )
+    group = jm.TrajectoryGroup([trajectory])
+    group.record_failure(TimeoutError("tool timed out"), stage="tool")
+    store.save_groups([group], "train", 1)
+    return store
+
+
+def test_checkpoints_list_and_prune(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    listed = runner.invoke(app, ["checkpoints", "list", "demo", "agent", "--root", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    assert all(f"│ {step}" in listed.output for step in range(3)) and "0.500" in listed.output
+    pruned = runner.invoke(app, ["checkpoints", "prune", "demo", "agent", "--root", str(tmp_path)])
+    assert pruned.exit_code == 0, pruned.output
+    assert "deleted steps [0]; kept [1, 2]" in pruned.output
+    assert store.checkpoint_steps() == [1, 2]
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    _store(tmp_path)
+    out = tmp_path / "curves.png"
+    result = runner.invoke(app, ["plot", "demo", "agent", "--root", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_trajectories_show_prints_the_conversation(tmp_path: Path) -> None:
+    _store(tmp_path)
+    result = runner.invoke(app, ["trajectories", "show", "demo", "agent", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for expected in ["reward 1.000", "user: What is 2+3?", '→ add({"a": 2, "b": 3})', "tool: 5",
+                     "assistant: [5] is the answer", "log: judge: correct", "failure (tool): TimeoutError"]:  # fmt: skip
+        assert expected in result.output, expected
+    missing = runner.invoke(
+        app, ["trajectories", "show", "demo", "agent", "--split", "val", "--root", str(tmp_path)]
+    )
+    assert missing.exit_code != 0
