@@ -128,6 +128,10 @@ class LocalBackend:
         result = await self._trainer(model).train(groups, config)
         return TrainResult(result.step, result.metrics)
 
+    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
+        self._trainer(model)  # registered here
+        return await asyncio.to_thread(model.store.prune_checkpoints, best_metric)
+
     async def close(self) -> None:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.stop)

@@ -5,6 +5,7 @@ Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and the
 """
 
 from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.data import DatasetBatch, iterate_dataset
 from journeyman.errors import (
     AdapterError,
     BackendError,
@@ -49,6 +50,7 @@ __all__ = [
     "BackendError",
     "CompletionRecord",
     "ConfigError",
+    "DatasetBatch",
     "Failure",
     "FunctionCall",
     "FunctionDefinition",
@@ -81,6 +83,7 @@ __all__ = [
     "UserMessage",
     "__version__",
     "gather_trajectory_groups",
+    "iterate_dataset",
     "load_group",
     "load_trajectory",
     "retry",

@@ -60,6 +60,8 @@ class Backend(Protocol):
         self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
     ) -> TrainResult: ...
 
+    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]: ...
+
 
 class Model(BaseModel):
     """A model behind any OpenAI-compatible endpoint."""
@@ -171,6 +173,10 @@ class TrainableModel(Model):
     ) -> TrainResult:
         """One training step on ``groups``; returns when the new adapter is being served."""
         return await self.backend.train(self, list(groups), config or TrainConfig())
+
+    async def delete_checkpoints(self, best_metric: str | None = "val/reward") -> list[int]:
+        """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
+        return await self.backend.delete_checkpoints(self, best_metric)
 
 
 def summarize(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

@@ -279,16 +279,23 @@ class ModelStore:
             value = row.get(metric)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 by_step.setdefault(int(row["step"]), []).append(float(value))
-        candidates = [(sum(v) / len(v), step) for step, v in by_step.items() if step in self.checkpoint_steps()]
+        candidates = [
+            (sum(v) / len(v), step) for step, v in by_step.items() if step in self.checkpoint_steps()
+        ]
         if not candidates:
             return None
         return (max if higher_is_better else min)(candidates)[1]
 
-    def prune_checkpoints(self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True) -> list[int]:
+    def prune_checkpoints(
+        self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True
+    ) -> list[int]:
         """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
         steps = self.checkpoint_steps()
         keep = {steps[-1]} if steps else set()
-        if best_metric is not None and (best := self.best_step(best_metric, higher_is_better=higher_is_better)) is not None:
+        if (
+            best_metric is not None
+            and (best := self.best_step(best_metric, higher_is_better=higher_is_better)) is not None
+        ):
             keep.add(best)
         deleted = [step for step in steps if step not in keep]
         for step in deleted:

@@ -106,3 +106,16 @@ async def test_retry_async_and_sync() -> None:
     with pytest.raises(ValueError, match="no"):
         always_fails()
     assert calls["sync"] == 2
+
+
+def test_iterate_dataset_resumes_with_the_same_items() -> None:
+    items = list(range(10))
+    full = list(jm.iterate_dataset(items, per_step=3, epochs=2, seed=7))
+    assert [b.step for b in full] == [0, 1, 2, 3, 4, 5]  # 3 full steps per epoch, the rest dropped
+    assert [b.epoch for b in full] == [0, 0, 0, 1, 1, 1]
+    assert all(len(b.items) == 3 for b in full)
+    assert len({i for b in full[:3] for i in b.items}) == 9  # no repeats within an epoch
+    resumed = list(jm.iterate_dataset(items, per_step=3, epochs=2, seed=7, initial_step=4))
+    assert resumed == full[4:]
+    with pytest.raises(ValueError, match="cannot fill one step"):
+        list(jm.iterate_dataset([1], per_step=2))
