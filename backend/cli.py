@@ -44,6 +44,28 @@ def model_prepare(
     typer.echo(str(folder))
 
 
+@app.command("serve")
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to bind; beyond loopback a token is required.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    token: Annotated[
+        str | None, typer.Option(envvar="JOURNEYMAN_TOKEN", help="Bearer token clients must send.")
+    ] = None,
+    root: Root = None,
+) -> None:
+    """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1."""
+    import uvicorn
+
+    from .local import LocalBackend
+    from .server import check_bind, create_app
+
+    check_bind(host, token)
+    backend = LocalBackend(root=root, gateway_thread=False)
+    uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
+
+
 @checkpoints_app.command("list")
 def checkpoints_list(project: str, model: str, root: Root = None) -> None:
     """Steps with a complete checkpoint, their size and the metrics they were saved with."""

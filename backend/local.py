@@ -44,6 +44,7 @@ class LocalBackend:
         trainer_threads: int | None = None,
         keep_versions: int = 2,
         gateway_port: int | None = None,
+        gateway_thread: bool = True,
     ) -> None:
         self.root = Path(root) if root is not None else default_root()
         self._vllm_config = vllm
@@ -52,6 +53,10 @@ class LocalBackend:
         self.trainer_threads = trainer_threads or cores
         self.keep_versions = keep_versions
         self.gateway_port = gateway_port
+        self.gateway_thread = gateway_thread
+        """Serve the gateway on a thread and port of its own; False when an outer server (``journeyman
+        serve``) routes to :attr:`gateway_app` on its own event loop."""
+        self.gateway_app: Gateway | None = None
         self.server: VLLMServer | None = None
         self.router: Router | None = None
         self.gateway: GatewayThread | None = None
@@ -88,12 +93,14 @@ class LocalBackend:
         self._base = base
         self.router = Router(self.server, keep_versions=self.keep_versions)
         self.records = RecordLog(self.root / "gateway" / "completions.jsonl")
-        self.gateway = GatewayThread(Gateway(self.router, self.records), port=self.gateway_port).start()
+        self.gateway_app = Gateway(self.router, self.records)
+        if self.gateway_thread:
+            self.gateway = GatewayThread(self.gateway_app, port=self.gateway_port).start()
 
     async def register(self, model: TrainableModel) -> Registration:
         base = await asyncio.to_thread(resolve_base_model, model.base_model)
         await self._serve(base)
-        assert self.router is not None and self.gateway is not None
+        assert self.router is not None
         if model.name in self._trainers:
             trainer = self._trainers[model.name]
         else:
@@ -111,7 +118,8 @@ class LocalBackend:
                 await self.router.deploy(model.name, None, 0)
             else:
                 await self.router.deploy(model.name, trainer.adapter_path(), trainer.step)
-        return Registration(base_url=f"{self.gateway.base_url}/v1", api_key="local", step=trainer.step)
+        base_url = f"{self.gateway.base_url}/v1" if self.gateway is not None else ""
+        return Registration(base_url=base_url, api_key="local", step=trainer.step)
 
     def _trainer(self, model: TrainableModel) -> Trainer:
         try:
@@ -136,6 +144,9 @@ class LocalBackend:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.stop)
             self.gateway = None
+        if self.gateway_app is not None and not self.gateway_thread and self.gateway_app._client is not None:
+            await self.gateway_app._client.aclose()
+        self.gateway_app = None
         if self.records is not None:
             self.records.close()
             self.records = None

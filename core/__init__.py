@@ -37,6 +37,7 @@ from journeyman.messages import (
 )
 from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
 from journeyman.records import CompletionRecord
+from journeyman.remote import RemoteBackend
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
@@ -67,6 +68,7 @@ __all__ = [
     "ModelStore",
     "ModelTurn",
     "Registration",
+    "RemoteBackend",
     "RolloutError",
     "ServerStartError",
     "StorageError",

@@ -34,10 +34,12 @@ class Reply:
 class ScriptedUpstream:
     replies: list[Reply] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def complete(request: Request) -> Response:
             self.received.append(json.loads(await request.body()))
+            self.headers.append(dict(request.headers))
             reply = self.replies.pop(0)
             if reply.hang:
                 await asyncio.sleep(5)

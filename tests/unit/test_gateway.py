@@ -123,6 +123,7 @@ def test_streamed_parallel_tool_calls_are_assembled(
     assert choice.message is not None and choice.message.content is None
     calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     assert calls == [("c1", "add", '{"a": 1, "b": 2}'), ("c2", "multiply", "{}")]
+    assert not {"authorization", "x-api-key"} & set(script.headers[0])  # the client's credentials stay here
     sent = script.received[0]
     assert (sent["logprobs"], sent["return_token_ids"], sent["model"]) == (True, True, "base")
 

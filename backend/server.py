@@ -1,0 +1,265 @@
+"""``journeyman serve``: a LocalBackend over HTTP, for agents and training scripts elsewhere.
+
+Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when a token is set)::
+
+    GET    /health
+    POST   /api/models                                   register {name, project, base_model, lora}
+    GET    /api/models/{project}/{name}/step
+    POST   /api/models/{project}/{name}/train            {groups, config} -> NDJSON progress events
+    DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
+    /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
+
+Binding beyond loopback without a token is refused. Tokens are compared in constant time and
+never forwarded to vLLM or logged. Names are validated (no path traversal) and request bodies
+are capped in size. Errors are ``{"error": {"message", "type"}}`` with a message that says what
+to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.errors import ConfigError, InvalidDataError, JourneymanError
+from journeyman.model import TrainableModel
+from journeyman.store import validate_name
+from journeyman.trajectory import TrajectoryGroup, format_validation_error
+
+from .local import LocalBackend
+
+__all__ = ["MAX_BODY_BYTES", "check_bind", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 2**20
+"""Largest request body accepted (a train upload of many long trajectories fits)."""
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve beyond loopback without a token."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        raise ConfigError(
+            f"refusing to listen on {host} without a token: anyone who can reach it could train and "
+            "serve models. Pass --token (or JOURNEYMAN_TOKEN), or bind 127.0.0.1"
+        )
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+class _Guard:
+    """Bearer-token check and body-size limit in front of every route but /health."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body: int) -> None:
+        self.app, self.token, self.max_body = app, token, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.token is not None:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
+                response = _error(
+                    401, "missing or wrong token: send 'Authorization: Bearer <token>'", "unauthorized"
+                )
+                await response(scope, receive, send)
+                return
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            await self._too_large(scope, receive, send)
+            return
+        # Read the body here, counting as it arrives (a chunked upload has no length header), and
+        # hand the app a replay of it: an oversize body is refused before any handler runs.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)  # disconnected: let the app see it
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                await self._too_large(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"request body over {self.max_body} bytes: send fewer or smaller groups per call"
+        await _error(413, message, "too_large")(scope, receive, send)
+
+
+def _json_body(
+    handler: Callable[[Request, dict[str, Any]], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def wrapped(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as error:
+            return _error(400, f"the request body is not JSON: {error}", "invalid_request")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object", "invalid_request")
+        try:
+            return await handler(request, body)
+        except ValidationError as error:
+            return _error(422, format_validation_error(error, "request"), "invalid_request")
+        except (ConfigError, InvalidDataError) as error:
+            return _error(400, str(error), "invalid_request")
+
+    return wrapped
+
+
+def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int = MAX_BODY_BYTES) -> ASGIApp:
+    """The server's ASGI app around ``backend`` (whose gateway answers under /v1)."""
+    models: dict[tuple[str, str], TrainableModel] = {}
+
+    def model_of(request: Request) -> TrainableModel:
+        project = validate_name(request.path_params["project"], "project name")
+        name = validate_name(request.path_params["name"], "model name")
+        if (project, name) not in models:
+            raise ConfigError(f"model {project}/{name} is not registered: POST /api/models first")
+        return models[(project, name)]
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @_json_body
+    async def register(request: Request, body: dict[str, Any]) -> Response:
+        for key in ("name", "project", "base_model"):
+            if not isinstance(body.get(key), str):
+                raise InvalidDataError(f"'{key}' must be a string")
+        model = TrainableModel(
+            name=body["name"],
+            project=body["project"],
+            base_model=body["base_model"],
+            lora=body.get("lora") or LoRAConfig(),
+            root=backend.root,
+        )
+        registration = await backend.register(model)
+        models[(model.project, model.name)] = model
+        base = str(request.base_url).rstrip("/")
+        return JSONResponse({"base_url": f"{base}/v1", "step": registration.step})
+
+    async def step(request: Request) -> Response:
+        try:
+            model = model_of(request)
+        except ConfigError as error:
+            return _error(404 if "not registered" in str(error) else 400, str(error), "not_found")
+        return JSONResponse({"step": await backend.get_step(model)})
+
+    @_json_body
+    async def train(request: Request, body: dict[str, Any]) -> Response:
+        model = model_of(request)
+        groups = [TrajectoryGroup.model_validate(group) for group in body.get("groups") or []]
+        if not groups:
+            raise InvalidDataError("'groups' must be a non-empty list of trajectory groups")
+        config = TrainConfig.model_validate(body.get("config") or {})
+        return StreamingResponse(
+            _train_events(backend, model, groups, config), media_type="application/x-ndjson"
+        )
+
+    async def delete_checkpoints(request: Request) -> Response:
+        try:
+            model = model_of(request)
+        except ConfigError as error:
+            return _error(404, str(error), "not_found")
+        metric = request.query_params.get("best_metric") or None
+        return JSONResponse({"deleted": await backend.delete_checkpoints(model, metric)})
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/api/models", register, methods=["POST"]),
+        Route("/api/models/{project}/{name}/step", step, methods=["GET"]),
+        Route("/api/models/{project}/{name}/train", train, methods=["POST"]),
+        Route("/api/models/{project}/{name}/checkpoints", delete_checkpoints, methods=["DELETE"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await backend.close()  # stops vLLM with the server
+
+    async def not_found(request: Request, error: Exception) -> Response:
+        return _error(404, f"no such endpoint: {request.method} {request.url.path}", "not_found")
+
+    async def not_allowed(request: Request, error: Exception) -> Response:
+        return _error(405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+
+    api = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        """/v1, /r/... and /records go to the capture gateway, the rest to the API."""
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/r/", "/records")):
+            if backend.gateway_app is None:
+                await _error(503, "no model is registered yet: POST /api/models first", "not_ready")(
+                    scope, receive, send
+                )
+            else:
+                await backend.gateway_app.app(scope, receive, send)
+            return
+        await api(scope, receive, send)
+
+    return _Guard(dispatch, token, max_body)
+
+
+async def _train_events(
+    backend: LocalBackend, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+) -> AsyncIterator[bytes]:
+    """NDJSON: a 'started' event, a 'progress' heartbeat every few seconds, then 'done' or 'error'."""
+    yield json.dumps({"event": "started", "groups": len(groups)}).encode() + b"\n"
+    task = asyncio.create_task(backend.train(model, groups, config))
+    while not task.done():
+        await asyncio.wait({task}, timeout=5.0)
+        if not task.done():
+            yield b'{"event": "progress"}\n'
+    try:
+        result = task.result()
+    except JourneymanError as error:
+        yield (
+            json.dumps({"event": "error", "message": str(error), "type": type(error).__name__}).encode()
+            + b"\n"
+        )
+        return
+    except Exception as error:
+        logger.exception("training failed")
+        yield (
+            json.dumps(
+                {"event": "error", "message": f"{type(error).__name__}: {error}", "type": "internal"}
+            ).encode()
+            + b"\n"
+        )
+        return
+    yield json.dumps({"event": "done", "step": result.step, "metrics": result.metrics}).encode() + b"\n"

@@ -1,0 +1,115 @@
+"""RemoteBackend: the client of ``journeyman serve``, behaving like LocalBackend.
+
+::
+
+    backend = jm.RemoteBackend("http://gpu-box:8000", token="...")
+    await model.register(backend)      # the model's OpenAI client now points at the server's /v1
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from journeyman.config import TrainConfig
+from journeyman.errors import BackendError, ConfigError
+from journeyman.model import Registration, TrainResult
+from journeyman.trajectory import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from journeyman.model import TrainableModel
+
+__all__ = ["RemoteBackend"]
+
+
+class RemoteBackend:
+    """Talks to a ``journeyman serve`` server over HTTP."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 3600.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+
+    async def __aenter__(self) -> RemoteBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise BackendError(f"could not reach journeyman serve at {self.url}: {error!r}") from error
+        _raise_for(response)
+        return response.json()
+
+    async def register(self, model: TrainableModel) -> Registration:
+        body = {
+            "name": model.name,
+            "project": model.project,
+            "base_model": model.base_model,
+            "lora": model.lora.model_dump(),
+        }
+        answer = await self._call("POST", "/api/models", json=body)
+        return Registration(base_url=answer["base_url"], api_key=self.token or "unused", step=answer["step"])
+
+    async def get_step(self, model: TrainableModel) -> int:
+        return int((await self._call("GET", f"/api/models/{model.project}/{model.name}/step"))["step"])
+
+    async def train(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult:
+        body = (
+            '{"groups": ['
+            + ", ".join(g.model_dump_json() for g in groups)
+            + '], "config": '
+            + config.model_dump_json()
+            + "}"
+        )
+        path = f"/api/models/{model.project}/{model.name}/train"
+        try:
+            async with self._http.stream(
+                "POST", path, content=body, headers={"content-type": "application/json"}
+            ) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    _raise_for(response)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event["event"] == "done":
+                        return TrainResult(step=event["step"], metrics=event["metrics"])
+                    if event["event"] == "error":
+                        raise BackendError(f"training failed on the server: {event['message']}")
+        except httpx.HTTPError as error:
+            raise BackendError(f"the connection to {self.url} broke during training: {error!r}") from error
+        raise BackendError("the server closed the training stream without a result; check its log")
+
+    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
+        params = {"best_metric": best_metric} if best_metric else {}
+        answer = await self._call(
+            "DELETE", f"/api/models/{model.project}/{model.name}/checkpoints", params=params
+        )
+        return [int(step) for step in answer["deleted"]]
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:500]
+    error = ConfigError if response.status_code in (400, 401, 404, 413, 422) else BackendError
+    raise error(f"journeyman serve answered {response.status_code}: {message}")
