@@ -35,6 +35,11 @@ def reward(text: str) -> float:
 
 
 def peak_rss_gib() -> float:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: Linux keeps ru_maxrss across
+    execve, so a child started from a big parent would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 

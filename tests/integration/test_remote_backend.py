@@ -1,0 +1,103 @@
+"""The same two-step loop through RemoteBackend against `journeyman serve` on loopback."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import journeyman as jm
+from journeyman.backend.vllm import free_port
+from journeyman.records import CompletionRecord
+from tests.integration.test_local_backend import QUESTIONS
+
+TOKEN = "test-token-123"
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    command = [
+        shutil.which("journeyman") or "journeyman",
+        "serve",
+        "--port",
+        str(port),
+        "--root",
+        str(tmp_path / "server"),
+    ]
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "JOURNEYMAN_TOKEN": TOKEN}
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail((tmp_path / "serve.log").read_text()[-3000:])
+    yield url
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: Path) -> None:
+    async with jm.RemoteBackend(serve, token=TOKEN) as backend:
+        model = jm.TrainableModel(
+            name="remote", project="test", base_model="smollm2-135m", root=tmp_path / "client"
+        )
+        await model.register(backend)
+        assert model.inference_base_url == f"{serve}/v1"
+        assert await model.get_step() == 0
+        client = model.openai_client()  # sends the token as its API key
+        records = httpx.AsyncClient(base_url=serve, headers={"Authorization": f"Bearer {TOKEN}"})
+
+        async def rollout(question: str, answer: str) -> jm.Trajectory:
+            messages = [{"role": "user", "content": question}]
+            response = await client.chat.completions.create(
+                model=model.inference_name,
+                messages=messages,
+                max_tokens=12,
+                temperature=1.0,  # type: ignore[arg-type]
+            )
+            record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
+            numbers = re.findall(r"\d+", response.choices[0].message.content or "")
+            reward = 1.0 if answer in numbers else 0.1 * min(len(numbers), 5)
+            return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
+
+        for step in range(2):
+            groups = await jm.gather_trajectory_groups(
+                (jm.TrajectoryGroup(rollout(q, a) for _ in range(6)) for q, a in QUESTIONS), progress=False
+            )
+            result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
+            assert result.step == step + 1 and "train/loss" in result.metrics
+
+        assert await model.get_step() == 2
+        response = await client.chat.completions.create(
+            model="remote", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
+        assert record.served_model == "remote@2"
+        assert await model.delete_checkpoints(best_metric=None) == [0, 1]
+        await records.aclose()
+
+    server_store = jm.ModelStore("test", "remote", root=tmp_path / "server")
+    assert server_store.checkpoint_steps() == [2]
+    assert server_store.steps("train") == [0, 1]
+    assert [r["step"] for r in server_store.read_history()] == [1, 2]
