@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +26,9 @@ TOKEN = "test-token-123"
 def serve(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     command = [
-        shutil.which("journeyman") or "journeyman",
+        sys.executable,
+        "-m",
+        "journeyman.backend",
         "serve",
         "--port",
         str(port),
