@@ -136,6 +136,9 @@ class LocalBackend:
         result = await self._trainer(model).train(groups, config)
         return TrainResult(result.step, result.metrics)
 
+    async def list_checkpoints(self, model: TrainableModel) -> list[int]:
+        return self._trainer(model).store.checkpoint_steps()
+
     async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
         self._trainer(model)  # registered here
         return await asyncio.to_thread(model.store.prune_checkpoints, best_metric)

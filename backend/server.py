@@ -6,6 +6,7 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     POST   /api/models                                   register {name, project, base_model, lora}
     GET    /api/models/{project}/{name}/step
     POST   /api/models/{project}/{name}/train            {groups, config} -> NDJSON progress events
+    GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
     /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
 
@@ -189,11 +190,13 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
             _train_events(backend, model, groups, config), media_type="application/x-ndjson"
         )
 
-    async def delete_checkpoints(request: Request) -> Response:
+    async def checkpoints(request: Request) -> Response:
         try:
             model = model_of(request)
         except ConfigError as error:
-            return _error(404, str(error), "not_found")
+            return _error(404 if "not registered" in str(error) else 400, str(error), "not_found")
+        if request.method == "GET":
+            return JSONResponse({"steps": model.store.checkpoint_steps()})
         metric = request.query_params.get("best_metric") or None
         return JSONResponse({"deleted": await backend.delete_checkpoints(model, metric)})
 
@@ -202,7 +205,7 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         Route("/api/models", register, methods=["POST"]),
         Route("/api/models/{project}/{name}/step", step, methods=["GET"]),
         Route("/api/models/{project}/{name}/train", train, methods=["POST"]),
-        Route("/api/models/{project}/{name}/checkpoints", delete_checkpoints, methods=["DELETE"]),
+        Route("/api/models/{project}/{name}/checkpoints", checkpoints, methods=["GET", "DELETE"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -60,6 +60,8 @@ class Backend(Protocol):
         self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
     ) -> TrainResult: ...
 
+    async def list_checkpoints(self, model: TrainableModel) -> list[int]: ...
+
     async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]: ...
 
 
@@ -173,6 +175,10 @@ class TrainableModel(Model):
     ) -> TrainResult:
         """One training step on ``groups``; returns when the new adapter is being served."""
         return await self.backend.train(self, list(groups), config or TrainConfig())
+
+    async def list_checkpoints(self) -> list[int]:
+        """Steps with a complete checkpoint on the backend."""
+        return await self.backend.list_checkpoints(self)
 
     async def delete_checkpoints(self, best_metric: str | None = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""

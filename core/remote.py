@@ -96,6 +96,10 @@ class RemoteBackend:
             raise BackendError(f"the connection to {self.url} broke during training: {error!r}") from error
         raise BackendError("the server closed the training stream without a result; check its log")
 
+    async def list_checkpoints(self, model: TrainableModel) -> list[int]:
+        answer = await self._call("GET", f"/api/models/{model.project}/{model.name}/checkpoints")
+        return [int(step) for step in answer["steps"]]
+
     async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
         params = {"best_metric": best_metric} if best_metric else {}
         answer = await self._call(

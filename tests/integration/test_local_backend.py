@@ -11,6 +11,21 @@ from journeyman.backend import LocalBackend
 QUESTIONS = [("What is 3+4? Answer with a number.", "7"), ("What is 5+5? Answer with a number.", "10")]
 
 
+async def ask(
+    model: jm.TrainableModel, question: str, answer: str
+) -> tuple[list[dict[str, str]], str, float]:
+    """Ask the model through its client; (messages, completion id, reward with some spread)."""
+    messages = [{"role": "user", "content": question}]
+    response = await model.openai_client().chat.completions.create(
+        model=model.inference_name,
+        messages=messages,
+        max_tokens=12,
+        temperature=1.0,  # type: ignore[arg-type]
+    )
+    numbers = re.findall(r"\d+", response.choices[0].message.content or "")
+    return messages, response.id, 1.0 if answer in numbers else 0.1 * min(len(numbers), 5)
+
+
 async def test_two_training_steps_through_local_backend(tmp_path: Path) -> None:
     async with LocalBackend(root=tmp_path) as backend:
         model = jm.TrainableModel(name="tiny", project="test", base_model="smollm2-135m", root=tmp_path)
@@ -20,18 +35,9 @@ async def test_two_training_steps_through_local_backend(tmp_path: Path) -> None:
         client = model.openai_client()
 
         async def rollout(question: str, answer: str) -> jm.Trajectory:
-            messages = [{"role": "user", "content": question}]
-            response = await client.chat.completions.create(
-                model=model.inference_name,
-                messages=messages,
-                max_tokens=12,
-                temperature=1.0,  # type: ignore[arg-type]
-            )
-            record = backend.records.get(response.id)  # type: ignore[union-attr]
+            messages, completion_id, reward = await ask(model, question, answer)
+            record = backend.records.get(completion_id)  # type: ignore[union-attr]
             assert record is not None
-            text = response.choices[0].message.content or ""
-            numbers = re.findall(r"\d+", text)
-            reward = 1.0 if answer in numbers else 0.1 * min(len(numbers), 5)  # some spread in every group
             return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
 
         for step in range(2):
@@ -50,6 +56,7 @@ async def test_two_training_steps_through_local_backend(tmp_path: Path) -> None:
         record = backend.records.get(response.id)  # type: ignore[union-attr]
         assert record is not None and record.served_model == "tiny@2" and record.policy_version == 2
 
+        assert await model.list_checkpoints() == [0, 1, 2]
         val = await jm.gather_trajectory_groups(
             [jm.TrajectoryGroup([rollout(*QUESTIONS[0])])], progress=False
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend.vllm import free_port
 from journeyman.records import CompletionRecord
-from tests.integration.test_local_backend import QUESTIONS
+from tests.integration.test_local_backend import QUESTIONS, ask
 
 TOKEN = "test-token-123"
 
@@ -71,16 +70,10 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
         records = httpx.AsyncClient(base_url=serve, headers={"Authorization": f"Bearer {TOKEN}"})
 
         async def rollout(question: str, answer: str) -> jm.Trajectory:
-            messages = [{"role": "user", "content": question}]
-            response = await client.chat.completions.create(
-                model=model.inference_name,
-                messages=messages,
-                max_tokens=12,
-                temperature=1.0,  # type: ignore[arg-type]
+            messages, completion_id, reward = await ask(model, question, answer)
+            record = CompletionRecord.model_validate_json(
+                (await records.get(f"/records/{completion_id}")).text
             )
-            record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
-            numbers = re.findall(r"\d+", response.choices[0].message.content or "")
-            reward = 1.0 if answer in numbers else 0.1 * min(len(numbers), 5)
             return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
 
         for step in range(2):
@@ -96,7 +89,9 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
         )
         record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
         assert record.served_model == "remote@2"
+        assert await model.list_checkpoints() == [0, 1, 2]
         assert await model.delete_checkpoints(best_metric=None) == [0, 1]
+        assert await model.list_checkpoints() == [2]
         await records.aclose()
 
     server_store = jm.ModelStore("test", "remote", root=tmp_path / "server")

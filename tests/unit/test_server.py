@@ -28,7 +28,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 async def test_health_needs_no_token_everything_else_does(http: httpx.AsyncClient) -> None:
     assert (await http.get("/health")).json() == {"status": "ok"}
     for method, path in [("POST", "/api/models"), ("GET", "/api/models/p/m/step"), ("POST", "/v1/chat/completions"),
-                         ("GET", "/records/x"), ("DELETE", "/api/models/p/m/checkpoints")]:  # fmt: skip
+                         ("GET", "/records/x"), ("DELETE", "/api/models/p/m/checkpoints"),
+                         ("GET", "/api/models/p/m/checkpoints")]:  # fmt: skip
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             response = await http.request(method, path, headers=headers)
             assert response.status_code == 401, (method, path, headers)
