@@ -272,6 +272,12 @@ class Gateway:
         finally:
             await self._client.aclose()
 
+    async def aclose(self) -> None:
+        """Close the upstream client (served without the ASGI lifespan, nothing else closes it)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:  # used without the ASGI lifespan (e.g. an in-process transport)

@@ -147,8 +147,8 @@ class LocalBackend:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.stop)
             self.gateway = None
-        if self.gateway_app is not None and not self.gateway_thread and self.gateway_app._client is not None:
-            await self.gateway_app._client.aclose()
+        if self.gateway_app is not None and not self.gateway_thread:
+            await self.gateway_app.aclose()
         self.gateway_app = None
         if self.records is not None:
             self.records.close()

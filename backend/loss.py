@@ -122,9 +122,7 @@ def mismatch_ratio(
     sampling_logprobs  # (B, T) recorded by vLLM; NaN where unknown (ratio 1 there)
     mask               # (B, T) 1 for trained tokens
     """
-    known = ~torch.isnan(sampling_logprobs)
-    old = torch.where(known, sampling_logprobs, logprobs.detach())
-    log_ratio = logprobs - old
+    log_ratio = logprobs - _old_logprobs(logprobs, sampling_logprobs)
     ratio = torch.exp(log_ratio)
     if mode == "none":
         return ratio, mask
@@ -155,11 +153,8 @@ def gspo_objective(
     epsilon_high: float | None = None,
 ) -> torch.Tensor:
     """GSPO-token: the sequence's length-normalised ratio, with per-token gradients."""
-    known = ~torch.isnan(sampling_logprobs)
-    old = torch.where(known, sampling_logprobs, logprobs.detach())
-    tokens = mask.sum(-1).clamp(min=1)
-    sequence_log_ratio = ((logprobs - old) * mask).sum(-1) / tokens  # (B,)
-    token_ratio = torch.exp(sequence_log_ratio.detach()[:, None] + logprobs - logprobs.detach())  # (B, T)
+    sequence_ratio = _sequence_ratio(logprobs, sampling_logprobs, mask)  # (B,), detached
+    token_ratio = sequence_ratio[:, None] * torch.exp(logprobs - logprobs.detach())  # (B, T)
     return ppo_clip_objective(token_ratio, advantage, epsilon, epsilon_high)
 
 
@@ -278,9 +273,14 @@ def _clipped(ratio: torch.Tensor, advantage: torch.Tensor, epsilon: float, high:
     return ((ratio < 1 - epsilon) & (advantage < 0)) | ((ratio > 1 + high) & (advantage > 0))
 
 
+def _old_logprobs(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor) -> torch.Tensor:
+    """The sampling logprobs, with the detached training logprob where none was recorded (ratio 1)."""
+    return torch.where(torch.isnan(sampling_logprobs), logprobs.detach(), sampling_logprobs)
+
+
 def _sequence_ratio(
     logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    known = ~torch.isnan(sampling_logprobs)
-    old = torch.where(known, sampling_logprobs, logprobs.detach())
-    return torch.exp(((logprobs.detach() - old) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+    """GSPO's length-normalised sequence ratio exp(mean_t(log pi - log mu)), detached. (B,)"""
+    log_ratio = (logprobs.detach() - _old_logprobs(logprobs, sampling_logprobs)) * mask
+    return torch.exp(log_ratio.sum(-1) / mask.sum(-1).clamp(min=1))

@@ -50,6 +50,10 @@ MAX_BODY_BYTES = 64 * 2**20
 """Largest request body accepted (a train upload of many long trajectories fits)."""
 
 
+class _NotRegistered(ConfigError):
+    """A model path names no registered model."""
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve beyond loopback without a token."""
     try:
@@ -149,8 +153,15 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         project = validate_name(request.path_params["project"], "project name")
         name = validate_name(request.path_params["name"], "model name")
         if (project, name) not in models:
-            raise ConfigError(f"model {project}/{name} is not registered: POST /api/models first")
+            raise _NotRegistered(f"model {project}/{name} is not registered: POST /api/models first")
         return models[(project, name)]
+
+    def lookup(request: Request) -> TrainableModel | Response:
+        """The model named in the path, or the error response: 400 for a bad name, 404 if unknown."""
+        try:
+            return model_of(request)
+        except ConfigError as error:
+            return _error(404 if isinstance(error, _NotRegistered) else 400, str(error), "not_found")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -173,10 +184,9 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         return JSONResponse({"base_url": f"{base}/v1", "step": registration.step})
 
     async def step(request: Request) -> Response:
-        try:
-            model = model_of(request)
-        except ConfigError as error:
-            return _error(404 if "not registered" in str(error) else 400, str(error), "not_found")
+        model = lookup(request)
+        if isinstance(model, Response):
+            return model
         return JSONResponse({"step": await backend.get_step(model)})
 
     @_json_body
@@ -191,10 +201,9 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         )
 
     async def checkpoints(request: Request) -> Response:
-        try:
-            model = model_of(request)
-        except ConfigError as error:
-            return _error(404 if "not registered" in str(error) else 400, str(error), "not_found")
+        model = lookup(request)
+        if isinstance(model, Response):
+            return model
         if request.method == "GET":
             return JSONResponse({"steps": model.store.checkpoint_steps()})
         metric = request.query_params.get("best_metric") or None

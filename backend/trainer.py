@@ -35,6 +35,8 @@ from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
 from .batch import Batch, TrainSequence, build_batch, pack
+from .loss import LOSSES, policy_loss
+from .loss import advantages as group_advantages
 from .models import resolve_base_model
 
 try:
@@ -260,18 +262,14 @@ class Trainer:
     def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
         if self.model is None:
             self.load()
-        if self.threads:
-            torch.set_num_threads(
-                self.threads
-            )  # OpenMP settings are per thread: set them where the step runs
+        if self.threads:  # OpenMP settings are per thread: set them where the step runs
+            torch.set_num_threads(self.threads)
         torch.manual_seed(config.seed + self.step)
         timings: dict[str, float] = {}
         start = time.perf_counter()
         batch = build_batch(groups, self.tokenizer, config)
         rewards = torch.tensor(batch.rewards, dtype=torch.float32)
         group_ids = torch.tensor(batch.groups, dtype=torch.long)
-        from .loss import advantages as group_advantages
-
         if rewards.numel():
             advantage, informative = group_advantages(rewards, group_ids, config.effective_scale_rewards)
         else:
@@ -296,7 +294,7 @@ class Trainer:
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.enable_input_require_grads()
-        totals = _Totals(sequences, config)
+        totals = _Totals(sequences)
         start = time.perf_counter()
         for micro_batch in pack(sequences, config.micro_batch_tokens):
             self._forward_backward(micro_batch, advantage, config, totals)
@@ -327,8 +325,6 @@ class Trainer:
     def _forward_backward(
         self, micro_batch: list[TrainSequence], advantage: torch.Tensor, config: TrainConfig, totals: _Totals
     ) -> None:
-        from .loss import LOSSES, policy_loss
-
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(s) for s in micro_batch)
         input_ids = torch.full((len(micro_batch), width), pad, dtype=torch.long)  # (B, T)
@@ -443,7 +439,7 @@ def _data_metrics(batch: Batch, zero_variance: int, sequences: list[TrainSequenc
 class _Totals:
     """The batch-level denominators and the running sums for the step's metrics."""
 
-    def __init__(self, sequences: list[TrainSequence], config: TrainConfig) -> None:
+    def __init__(self, sequences: list[TrainSequence]) -> None:
         # Targets are shifted by one, so a sequence's first token is never a target.
         self.tokens = sum(sum(s.mask[1:]) for s in sequences)
         self.live_sequences = sum(1 for s in sequences if sum(s.mask[1:]) > 0)

@@ -128,7 +128,7 @@ async def gather_trajectory_groups(
     total = sum(len(g._pending) if isinstance(g, TrajectoryGroup) else 1 for g in items)
     state = _Gather(total=total, limit=max_exceptions)
     token = _current.set(state)
-    display = _progress(description, total) if progress else None
+    display = _progress(description) if progress else None
     try:
         if display is not None:
             state.progress, state.task = (
@@ -165,11 +165,9 @@ async def gather_trajectory_groups(
     return [group for task in running for group in task.result()]
 
 
-def _progress(description: str, total: int) -> Any:
-    try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    except ImportError:  # pragma: no cover - rich is a dependency
-        return None
+def _progress(description: str) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn(f"[bold]{description}"),
         BarColumn(),
