@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +29,7 @@ from journeyman.errors import InvalidDataError
 from journeyman.messages import ModelTurn
 from journeyman.trajectory import History, TrajectoryGroup
 
-__all__ = ["Batch", "TrainSequence", "build_batch", "history_sequences", "pack"]
+__all__ = ["Batch", "Row", "TrainSequence", "build_batch", "history_sequences", "pack"]
 
 
 class Tokenizer(Protocol):
@@ -188,20 +189,94 @@ def build_batch(groups: Seq[TrajectoryGroup], tokenizer: Tokenizer | None, confi
     return batch
 
 
-def pack(sequences: Seq[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
-    """Group sequences into micro-batches whose padded size (count x longest) fits the budget.
+@dataclass
+class Row:
+    """Sequences that share their first ``prefix`` tokens, packed into one row of the forward
+    pass: the prefix once, then the rest of each sequence. Each rest attends to the prefix and
+    to itself only (a tree-shaped mask) and keeps its own positions, so every token sees exactly
+    what it would see in its own sequence. No trained token lies inside the shared prefix."""
 
-    Sorted by length so similar lengths share padding; a sequence longer than the budget gets a
-    micro-batch of its own.
+    sequences: list[TrainSequence]
+    prefix: int = 0
+
+    def __len__(self) -> int:
+        return self.prefix + sum(len(s) - self.prefix for s in self.sequences)
+
+    def layout(self) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+        """(tokens, position ids, start of each token's segment, and for each sequence the row
+        index of each of its tokens). A token at row index q may attend to index k when
+        ``k <= q and (k >= segment[q] or k < prefix)``."""
+        p = self.prefix
+        first = self.sequences[0].tokens
+        tokens, positions, segments = list(first[:p]), list(range(p)), [0] * p
+        where: list[list[int]] = []
+        for sequence in self.sequences:
+            start = len(tokens)
+            rest = sequence.tokens[p:]
+            tokens += rest
+            positions += range(p, len(sequence))
+            segments += [start] * len(rest)
+            where.append(list(range(p)) + list(range(start, start + len(rest))))
+        return tokens, positions, segments, where
+
+
+def _first_trained(sequence: TrainSequence) -> int:
+    return sequence.mask.index(1) if 1 in sequence.mask else len(sequence)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _rows(sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int], float]) -> list[Row]:
+    """Sorted by tokens, so sequences with a common prefix (a group's prompt, a shared system
+    prompt) are neighbours; a sequence joins the row before it when sharing the prefix costs
+    less than a row of its own and the row stays within the budget."""
+    rows: list[Row] = []
+    for sequence in sorted(sequences, key=lambda s: s.tokens):
+        if rows:
+            row = rows[-1]
+            shared = min(
+                _common_prefix(row.sequences[0].tokens, sequence.tokens),
+                _first_trained(sequence),
+                min(_first_trained(s) for s in row.sequences),
+            )
+            joined = Row([*row.sequences, sequence], shared)
+            if (
+                shared > 0
+                and len(joined) <= token_budget
+                and cost(len(joined)) < cost(len(row)) + cost(len(sequence))
+            ):
+                rows[-1] = joined
+                continue
+        rows.append(Row([sequence], _first_trained(sequence)))
+    return rows
+
+
+def pack(
+    sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int], float] | None = None
+) -> list[list[Row]]:
+    """Rows of prefix-sharing sequences, grouped into micro-batches whose padded size (rows x
+    longest row) fits the budget; a row longer than the budget gets a micro-batch of its own.
+
+    ``cost(n)`` is the compute of a forward pass over a row of ``n`` tokens (linear layers grow
+    with n, attention with n^2): sequences share a row only when that is cheaper. The default
+    counts tokens, so any shared prefix is shared.
     """
-    micro_batches: list[list[TrainSequence]] = []
-    current: list[TrainSequence] = []
-    for sequence in sorted(sequences, key=len, reverse=True):
-        longest = len(current[0]) if current else len(sequence)
+    rows = _rows(sequences, token_budget, cost or float)
+    micro_batches: list[list[Row]] = []
+    current: list[Row] = []
+    for row in sorted(rows, key=len, reverse=True):
+        longest = len(current[0]) if current else len(row)
         if current and (len(current) + 1) * longest > token_budget:
             micro_batches.append(current)
             current = []
-        current.append(sequence)
+        current.append(row)
     if current:
         micro_batches.append(current)
     return micro_batches

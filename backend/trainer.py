@@ -4,7 +4,7 @@ One call to :meth:`Trainer.train` is one training step, in the paper's order::
 
     batch      = token-exact sequences of the groups (backend/batch.py)
     advantages = group-relative, per trajectory, shared by all its tokens (backend/loss.py)
-    for each micro-batch (packed by token budget):
+    for each micro-batch (rows of sequences that share a prefix, packed by token budget):
         logprobs   = log pi_theta of the trained tokens      # chosen tokens only, chunked
         ratio      = exp(logprobs - sampling logprobs)       # against what vLLM sampled
         loss       = objective(ratio, advantages) aggregated over the whole batch
@@ -34,7 +34,7 @@ from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyEr
 from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
-from .batch import Batch, TrainSequence, build_batch, pack
+from .batch import Batch, Row, TrainSequence, build_batch, pack
 from .loss import LOSSES, policy_loss
 from .loss import advantages as group_advantages
 from .models import resolve_base_model
@@ -84,8 +84,10 @@ class Trainer:
         threads: int | None = None,
         deploy: Deploy | None = None,
         engine: str = "auto",
+        seed: int = 0,
     ) -> None:
         self.base_model = base_model
+        self.seed = seed
         self.store = store
         self.lora = lora or LoRAConfig()
         self.precision = precision
@@ -134,6 +136,8 @@ class Trainer:
         for parameter in self.model.parameters():
             if parameter.requires_grad:
                 parameter.data = parameter.data.float()  # LoRA weights and optimizer state in fp32
+        embedding = self.model.get_base_model().get_input_embeddings().weight.numel()
+        self._parameters = sum(p.numel() for p in self.model.parameters()) - embedding
         self.optimizer = None
         if latest is None:
             self.step = 0
@@ -163,7 +167,9 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         base = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
         if latest is None:
-            self.model = get_peft_model(base, self._peft_config())
+            with torch.random.fork_rng(devices=[]):  # the same initial adapter for the same seed
+                torch.manual_seed(self.seed)
+                self.model = get_peft_model(base, self._peft_config())
         else:
             self.model = PeftModel.from_pretrained(base, latest[1] / ADAPTER, is_trainable=True)
 
@@ -296,8 +302,8 @@ class Trainer:
             self.model.enable_input_require_grads()
         totals = _Totals(sequences)
         start = time.perf_counter()
-        for micro_batch in pack(sequences, config.micro_batch_tokens):
-            self._forward_backward(micro_batch, advantage, config, totals)
+        for rows in pack(sequences, config.micro_batch_tokens, self._row_cost):
+            self._forward_backward(rows, advantage, config, totals)
         timings["time/forward_backward"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -322,30 +328,39 @@ class Trainer:
         metrics["time/checkpoint"] = time.perf_counter() - start
         return path
 
+    def _row_cost(self, tokens: int) -> float:
+        """Forward FLOPs of one packed row: 2 per parameter per token for the linear layers, and
+        ~4 x hidden x layers per pair of tokens for attention (the tree mask is dense)."""
+        config = self.model.get_base_model().config
+        attention = 4 * config.hidden_size * config.num_hidden_layers
+        return tokens * (2 * self._parameters + attention * tokens)
+
     def _forward_backward(
-        self, micro_batch: list[TrainSequence], advantage: torch.Tensor, config: TrainConfig, totals: _Totals
+        self, rows: list[Row], advantage: torch.Tensor, config: TrainConfig, totals: _Totals
     ) -> None:
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        inputs = _packed_inputs(rows, self.tokenizer.pad_token_id or 0)
+        micro_batch = [s for row in rows for s in row.sequences]
         width = max(len(s) for s in micro_batch)
-        input_ids = torch.full((len(micro_batch), width), pad, dtype=torch.long)  # (B, T)
-        attention = torch.zeros((len(micro_batch), width), dtype=torch.long)
+        # (B, T) per-sequence views for the loss; `where` maps each token to its place in the rows.
+        where = torch.zeros((len(micro_batch), width), dtype=torch.long)
         mask = torch.zeros((len(micro_batch), width), dtype=torch.float32)
         sampling = torch.full((len(micro_batch), width), math.nan, dtype=torch.float32)
-        for row, sequence in enumerate(micro_batch):
+        targets = torch.zeros((len(micro_batch), width), dtype=torch.long)
+        for b, (sequence, index) in enumerate(zip(micro_batch, inputs.where, strict=True)):
             n = len(sequence)
-            input_ids[row, :n] = torch.tensor(sequence.tokens)
-            attention[row, :n] = 1
-            mask[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
-            sampling[row, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
+            where[b, :n] = torch.tensor(index)
+            targets[b, :n] = torch.tensor(sequence.tokens)
+            mask[b, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
+            sampling[b, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
         # Token t is predicted from position t-1: shift the targets and their masks by one.
-        targets, mask, sampling = input_ids[:, 1:], mask[:, 1:], sampling[:, 1:]  # (B, T-1)
+        targets, mask, sampling, where = targets[:, 1:], mask[:, 1:], sampling[:, 1:], where[:, :-1]
         seq_advantage = advantage[torch.tensor([s.trajectory for s in micro_batch])]  # (B,)
 
-        logprobs, entropy = self._token_logprobs(input_ids, attention, targets, mask, config.logprob_chunk)
+        logprobs, entropy = self._token_logprobs(inputs, where, targets, mask, config.logprob_chunk)
         reference = None
         if config.beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                reference, _ = self._token_logprobs(input_ids, attention, targets, mask, config.logprob_chunk)
+                reference, _ = self._token_logprobs(inputs, where, targets, mask, config.logprob_chunk)
         parts = policy_loss(
             config.loss,
             logprobs,
@@ -368,24 +383,24 @@ class Trainer:
 
     def _token_logprobs(
         self,
-        input_ids: torch.Tensor,
-        attention: torch.Tensor,
+        inputs: _PackedInputs,
+        where: torch.Tensor,
         targets: torch.Tensor,
         mask: torch.Tensor,
         chunk: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs (with gradient) and entropies (detached) of the masked target tokens, (B, T-1).
 
-        Logits are computed only at trained positions and ``chunk`` positions at a time, each
-        chunk recomputed in the backward pass, so the full-vocabulary logits of the batch are
-        never held in memory at once.
+        One forward pass over the packed rows; logits are computed only at trained positions and
+        ``chunk`` positions at a time, each chunk recomputed in the backward pass, so the
+        full-vocabulary logits of the batch are never held in memory at once.
         """
         causal_lm = self.model.get_base_model()
         hidden = causal_lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention
-        ).last_hidden_state  # (B, T, H)
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention
+        ).last_hidden_state  # (R, W, H)
         positions = mask.bool()
-        chosen_hidden = hidden[:, :-1][positions]  # (N, H)
+        chosen_hidden = hidden.flatten(0, 1)[where[positions]]  # (N, H)
         chosen_targets = targets[positions]  # (N,)
         head = causal_lm.get_output_embeddings()
         pieces, entropies = [], []
@@ -405,6 +420,38 @@ class Trainer:
         if entropies:
             entropy = entropy.masked_scatter(positions, torch.cat(entropies))
         return logprobs, entropy
+
+
+@dataclass
+class _PackedInputs:
+    input_ids: torch.Tensor  # (R, W)
+    position_ids: torch.Tensor  # (R, W)
+    attention: torch.Tensor  # (R, 1, W, W) bool, True where a query may attend to a key
+    where: list[list[int]]
+    """For each sequence of the micro-batch (rows in order), the flat index (row * W + column)
+    of each of its tokens."""
+
+
+def _packed_inputs(rows: list[Row], pad: int) -> _PackedInputs:
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    # Padding attends to itself only, so no query row is fully masked (that gives NaN).
+    segment = torch.arange(width).repeat(len(rows), 1)  # (R, W)
+    prefix = torch.zeros((len(rows), 1, 1), dtype=torch.long)
+    where: list[list[int]] = []
+    for r, row in enumerate(rows):
+        tokens, positions, segments, index = row.layout()
+        n = len(tokens)
+        input_ids[r, :n] = torch.tensor(tokens)
+        position_ids[r, :n] = torch.tensor(positions)
+        segment[r, :n] = torch.tensor(segments)
+        prefix[r] = row.prefix
+        where += [[r * width + i for i in sequence] for sequence in index]
+    q = torch.arange(width)[:, None]  # (W, 1)
+    k = torch.arange(width)[None, :]  # (1, W)
+    attention = (k <= q) & ((k >= segment[:, :, None]) | (k < prefix))  # (R, W, W)
+    return _PackedInputs(input_ids, position_ids, attention[:, None], where)
 
 
 def _chunk_logprobs(

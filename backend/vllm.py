@@ -54,6 +54,9 @@ def cuda_available() -> bool:
     )
 
 
+PLUGIN_DIR = Path(__file__).parent / "vllm_plugin"
+
+
 @dataclass(frozen=True)
 class VLLMConfig:
     """How to start the server. Defaults suit the embedded 135M model on a 2-core CPU."""
@@ -86,6 +89,9 @@ class VLLMConfig:
     ``"0"`` or ``"0-3"``. Binding keeps vLLM from fighting the trainer for the same cores."""
     reserved_cpus: int | None = None
     """CPU only: cores left for the API front end (``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
+    cpu_lora_plugin: bool = True
+    """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
+    (``backend/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
     startup_timeout: float = 300.0
     extra_args: tuple[str, ...] = ()
     """Further command-line arguments passed to vLLM as they are."""
@@ -160,6 +166,10 @@ class VLLMServer:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
             if self.config.reserved_cpus is not None:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.config.reserved_cpus)
+            if self.config.enable_lora and self.config.cpu_lora_plugin:
+                # vLLM finds general plugins by entry point; the folder holds the module and its
+                # dist-info, so nothing is installed into the vLLM environment.
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
         env.update(self.config.env)
         return env
 

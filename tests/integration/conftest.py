@@ -46,7 +46,7 @@ def tokenizer(model_dir: Path) -> Any:
     return transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
-def make_adapter(model_dir: Path, out: Path, *, rank: int = 4, seed: int = 0) -> Path:
+def make_adapter(model_dir: Path, out: Path, *, rank: int = 4, seed: int = 0, scale: float = 16.0) -> Path:
     """A peft LoRA adapter with random (non-zero) weights, so it changes what the model says."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -55,7 +55,7 @@ def make_adapter(model_dir: Path, out: Path, *, rank: int = 4, seed: int = 0) ->
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = LoraConfig(
-        r=rank, lora_alpha=16 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        r=rank, lora_alpha=scale * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False
     )
     get_peft_model(model, config).save_pretrained(out)
     return out

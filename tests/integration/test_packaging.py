@@ -38,6 +38,8 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         "journeyman/integrations/__init__.py",
         "journeyman/backend/cli.py",
         "journeyman/backend/templates/smollm2_tools.jinja",
+        "journeyman/backend/vllm_plugin/journeyman_cpu_lora.py",
+        "journeyman/backend/vllm_plugin/journeyman_cpu_lora-0.1.0.dist-info/entry_points.txt",
     ]:
         assert expected in names, expected
     assert not any(n.startswith(("core/", "backend/", "integrations/", "tests/")) for n in names)

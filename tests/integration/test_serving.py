@@ -342,3 +342,40 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     assert [served for _, served, _ in router.deployments[name].loaded] == [f"{name}@2", f"{name}@3"]
     record = _record(gateway, first.id)
     assert record.served_model == f"{name}@1" and len(record.choices[0].completion_token_ids or []) == 160
+
+
+async def test_adapter_logprobs_match_transformers_with_the_same_adapter(
+    gateway: GatewayThread, router: Router, vllm_server: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """What vLLM samples with an adapter (through journeyman's CPU LoRA plugin) has the
+    logprobs transformers + peft give the same tokens: the trainer's ratio starts near 1."""
+    torch = pytest.importorskip("torch")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if vllm_server.device == "cpu":
+        assert "journeyman CPU LoRA kernels active" in vllm_server.log_path.read_text()
+    adapter = make_adapter(model_dir, tmp_path / "adapter", rank=MAX_LORA_RANK, seed=5, scale=1.0)
+    await router.deploy("plugin-check", adapter, 1)
+    response = await _client(gateway).chat.completions.create(
+        model="plugin-check", messages=[{"role": "user", "content": "Tell me about rivers."}],
+        max_tokens=24, temperature=1.0, seed=3, logprobs=True,
+    )  # fmt: skip
+    record = _record(gateway, response.id)
+    prompt, completion = record.prompt_token_ids or [], record.choices[0].completion_token_ids or []
+    sampled = torch.tensor(record.choices[0].logprobs or [])
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    expected = logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+    difference = (expected - sampled).abs()
+    with torch.no_grad(), model.disable_adapter():
+        without = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    off = (without.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1) - sampled).abs()
+    assert len(completion) == 24
+    print(
+        f"\nadapter logprobs, vLLM vs transformers: mean |diff| {difference.mean():.4f}, without it {off.mean():.4f}"
+    )
+    assert difference.mean() < 0.05, f"mean |diff| {difference.mean():.4f}"
+    assert off.mean() > 4 * difference.mean()  # the adapter matters: without it the logprobs differ

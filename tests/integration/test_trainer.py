@@ -14,10 +14,10 @@ from journeyman.records import CompletionRecord
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
 
-from journeyman.backend.batch import build_batch  # noqa: E402
+from journeyman.backend.batch import Row, build_batch, pack  # noqa: E402
 from journeyman.backend.gateway import GatewayThread  # noqa: E402
 from journeyman.backend.router import Router  # noqa: E402
-from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer  # noqa: E402
+from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs  # noqa: E402
 
 
 def _group(tokenizer: Any, question: str, answers: list[tuple[str, float]]) -> jm.TrajectoryGroup:
@@ -137,6 +137,54 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path, tokenizer: A
     assert all(torch.allclose(a[n], b[n], atol=1e-5) for n in a)
 
 
+def _logprobs_and_grads(
+    trainer: Trainer, rows: list[Any], backward: bool = True
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Each sequence's trained-token logprobs (sequence order) and the gradient of their sum."""
+    inputs = _packed_inputs(rows, 0)
+    sequences = [s for row in rows for s in row.sequences]
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i].tokens)
+    width = max(len(s) for s in sequences)
+    where = torch.zeros((len(sequences), width - 1), dtype=torch.long)
+    targets = torch.zeros((len(sequences), width - 1), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width - 1))
+    for b, (sequence, index) in enumerate(zip(sequences, inputs.where, strict=True)):
+        n = len(sequence) - 1
+        where[b, :n], targets[b, :n] = torch.tensor(index[:-1]), torch.tensor(sequence.tokens[1:])
+        mask[b, :n] = torch.tensor(sequence.mask[1:], dtype=torch.float32)
+    trainer.model.zero_grad()
+    logprobs, _ = trainer._token_logprobs(inputs, where, targets, mask, 512)
+    grads = {}
+    if backward:
+        logprobs.sum().backward()
+        grads = {n: p.grad.clone() for n, p in trainer._trainable()}
+    return logprobs.detach()[order], grads
+
+
+def test_sharing_a_prompt_in_one_row_gives_the_same_logprobs_and_gradients(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The tree-masked row (a group's prompt once, then each completion) computes what one
+    padded row per sequence computes (fp32, tight tolerance)."""
+    trainer = _trainer(tmp_path, precision="fp32")
+    with torch.no_grad():  # a non-zero adapter, so its gradients reach every LoRA matrix
+        for name, p in trainer._trainable():
+            if "lora_B" in name:
+                p.normal_(std=0.01)
+    sequences = build_batch(_groups(tokenizer), tokenizer, TrainConfig()).sequences
+    shared = [row for mb in pack(sequences, 4096, trainer._row_cost) for row in mb]
+    separate = [row for mb in pack(sequences, 4096, lambda n: 2.0**n) for row in mb]  # sharing never pays
+    assert sorted(len(row.sequences) for row in shared) == [2, 4]  # each group's prompt once
+    assert len(separate) == len(sequences)
+    a_logprobs, a_grads = _logprobs_and_grads(trainer, shared)
+    b_logprobs, b_grads = _logprobs_and_grads(trainer, separate)
+    assert (a_logprobs != 0).sum() == sum(s.trained_tokens for s in sequences)
+    assert torch.allclose(a_logprobs, b_logprobs, atol=1e-5)
+    for name, grad in a_grads.items():
+        assert grad.abs().max() > 0
+        assert (grad - b_grads[name]).norm() <= 1e-4 * b_grads[name].norm(), name
+
+
 async def test_each_step_is_deployed_before_it_is_reported(
     tmp_path: Path, tokenizer: Any, router: Router, gateway: GatewayThread
 ) -> None:
@@ -193,11 +241,9 @@ async def test_token_exact_assembly_from_gateway_records(
     assert sequence.tokens[: len(records[1].prompt_token_ids or [])] == records[1].prompt_token_ids
 
     trainer = _trainer(tmp_path)
-    ids = torch.tensor([sequence.tokens])
-    mask = torch.tensor([sequence.mask[1:]], dtype=torch.float32)
     with torch.no_grad():
-        logprobs, _ = trainer._token_logprobs(ids, torch.ones_like(ids), ids[:, 1:], mask, 512)
-    training = logprobs[mask.bool()]
+        logprobs, _ = _logprobs_and_grads(trainer, [Row([sequence], 0)], backward=False)
+    training = logprobs[0][torch.tensor(sequence.mask[1:], dtype=torch.bool)]
     sampling = torch.tensor(
         [lp for lp, m in zip(sequence.sampling_logprobs[1:], sequence.mask[1:], strict=True) if m]
     )

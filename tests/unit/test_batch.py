@@ -117,8 +117,52 @@ def test_empty_completions_are_counted() -> None:
 def test_pack_respects_the_token_budget() -> None:
     sequences = [TrainSequence([0] * n, [1] * n, [0.0] * n) for n in (10, 3, 7, 7, 2, 30)]
     micro_batches = pack(sequences, token_budget=20)
-    assert sorted(len(s) for mb in micro_batches for s in mb) == [2, 3, 7, 7, 10, 30]
+    rows = [row for mb in micro_batches for row in mb]
+    assert all(len(row.sequences) == 1 and row.prefix == 0 for row in rows)  # nothing untrained to share
+    assert sorted(len(row) for row in rows) == [2, 3, 7, 7, 10, 30]
     for micro_batch in micro_batches:
-        padded = len(micro_batch) * max(len(s) for s in micro_batch)
+        padded = len(micro_batch) * max(len(row) for row in micro_batch)
         assert padded <= 20 or len(micro_batch) == 1
-    assert [[len(s) for s in mb] for mb in micro_batches] == [[30], [10, 7], [7, 3], [2]]
+    assert [[len(row) for row in mb] for mb in micro_batches] == [[30], [10, 7], [7, 3], [2]]
+
+
+def _sequence(prompt: list[int], completion: list[int]) -> TrainSequence:
+    tokens = prompt + completion
+    return TrainSequence(tokens, [0] * len(prompt) + [1] * len(completion), [0.0] * len(tokens))
+
+
+def test_pack_shares_a_group_prompt_once_and_never_a_trained_token() -> None:
+    prompt_a, prompt_b = [5, 6, 7, 8], [5, 6, 9]
+    sequences = [
+        _sequence(prompt_a, [1, 2]),
+        _sequence(prompt_b, [3]),
+        _sequence(prompt_a, [1, 3, 4]),
+        _sequence(prompt_a, [1, 2]),  # identical to the first: shares only the untrained prompt
+        _sequence(prompt_b, [3, 3]),
+    ]
+    rows = [row for mb in pack(sequences, token_budget=100) for row in mb]
+    by_prompt = {tuple(row.sequences[0].tokens[: row.prefix]): row for row in rows}
+    assert set(by_prompt) == {tuple(prompt_a), tuple(prompt_b)}
+    row_a = by_prompt[tuple(prompt_a)]
+    assert len(row_a.sequences) == 3 and len(row_a) == 4 + 2 + 3 + 2
+    for row in rows:
+        tokens, positions, segments, where = row.layout()
+        assert len(tokens) == len(row)
+        for sequence, index in zip(row.sequences, where, strict=True):
+            # Every token sits at its own position, and sees exactly its own sequence's earlier tokens.
+            assert [tokens[i] for i in index] == sequence.tokens
+            assert [positions[i] for i in index] == list(range(len(sequence)))
+            for q, i in enumerate(index):
+                visible = [k for k in range(len(tokens)) if k <= i and (k >= segments[i] or k < row.prefix)]
+                assert visible == index[: q + 1]
+            assert all(sequence.mask[t] == 0 for t in range(row.prefix))
+
+
+def test_pack_keeps_rows_apart_when_sharing_costs_more() -> None:
+    sequences = [_sequence([5, 6, 7, 8], [1, n]) for n in range(4)]
+    shared = pack(sequences, token_budget=100)
+    assert [len(row.sequences) for mb in shared for row in mb] == [4]
+    expensive = pack(sequences, token_budget=100, cost=lambda n: float(n) ** 3)
+    assert [len(row.sequences) for mb in expensive for row in mb] == [1, 1, 1, 1]
+    over_budget = pack(sequences, token_budget=8)
+    assert all(len(row) <= 8 for mb in over_budget for row in mb)
