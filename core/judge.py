@@ -49,8 +49,8 @@ class Judge:
         max_retries: int = 2,
         retry_delay: float = 1.0,
         max_concurrency: int = 4,
-        temperature: float | None = 0.0,
-        max_tokens: int | None = 2048,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
         structured_output: Literal["auto", "json_schema", "off"] = "auto",
         explanation_max_chars: int | None = 400,
         cache: bool = True,
@@ -66,8 +66,11 @@ class Judge:
             max_retries: further attempts after a failed call or an invalid answer.
             retry_delay: seconds before the first retry; doubled before each next one.
             max_concurrency: judge calls in flight at once, across every group.
-            temperature: sampling temperature (None: the endpoint's default).
-            max_tokens: longest answer (None: the endpoint's default).
+            temperature: sampling temperature (None: the endpoint's default; reasoning models
+                accept no other). At 0, a retry after an invalid answer repeats that answer.
+            max_tokens: longest answer (None: as long as the schema allows when it bounds the
+                explanations, so a judge padding its JSON with whitespace stops early; else the
+                endpoint's default).
             structured_output: ``json_schema`` constrains the answer with a JSON schema; ``auto``
                 does so until the endpoint rejects it, then parses free text; ``off`` never does.
             explanation_max_chars: longest explanation the schema allows (keeps small local
@@ -127,8 +130,17 @@ class Judge:
         """Whether the next call will ask for structured output."""
         return self.chat_model is None and self.structured_output != "off" and not self._schema_rejected
 
-    async def complete(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> str:
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        schema: dict[str, Any] | None = None,
+        *,
+        max_tokens: int | None = None,
+    ) -> str:
         """The text of the judge's reply to ``messages``, constrained by ``schema`` when it can be.
+
+        ``max_tokens`` is the caller's bound for a schema-constrained answer; an explicit
+        ``Judge(max_tokens=...)`` takes precedence, and free text is not bounded by it.
 
         Raises :class:`JudgeCallError` for failures worth a retry and :class:`JudgeError` for
         ones that are not (a wrong key, an unknown model).
@@ -139,9 +151,11 @@ class Judge:
             self.calls += 1
             if self.chat_model is not None:
                 return await self._complete_chat_model(messages)
-            return await self._complete_openai(messages, schema if self.uses_schema else None)
+            return await self._complete_openai(messages, schema if self.uses_schema else None, max_tokens)
 
-    async def _complete_openai(self, messages: list[dict[str, str]], schema: dict[str, Any] | None) -> str:
+    async def _complete_openai(
+        self, messages: list[dict[str, str]], schema: dict[str, Any] | None, schema_max_tokens: int | None
+    ) -> str:
         import openai
 
         request: dict[str, Any] = {"model": self.model, "messages": messages}
@@ -149,6 +163,8 @@ class Judge:
             request["temperature"] = self.temperature
         if self.max_tokens is not None:
             request["max_tokens"] = self.max_tokens
+        elif schema is not None and schema_max_tokens is not None:
+            request["max_tokens"] = schema_max_tokens
         if schema is not None:
             request["response_format"] = {
                 "type": "json_schema",
@@ -163,7 +179,7 @@ class Judge:
                 "judge %r rejected structured output (%s); parsing free text from now on", self.name, error
             )
             self._schema_rejected = True
-            return await self._complete_openai(messages, None)
+            return await self._complete_openai(messages, None, None)
         except openai.APIStatusError as error:
             if error.status_code >= 500 or error.status_code in _RETRIED_STATUS:
                 raise JudgeCallError(

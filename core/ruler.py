@@ -75,6 +75,8 @@ Reply with one JSON object that has one key per trajectory id, each mapping to \
 Use every id exactly once and no other keys."""
 
 _CACHE_VERSION = 1
+_ENTRY_TOKENS = 48
+"""Tokens for one schema entry besides its explanation: id, keys, score, punctuation, some spaces."""
 
 TrajectoryLike = Trajectory | History | Sequence[Item | dict[str, Any]]
 """What :func:`ruler` judges: a trajectory (all its histories), a history, or a list of messages."""
@@ -260,9 +262,11 @@ async def judge_trajectories(
     tool_dicts = [_tool_dict(tool) for tool in tools] if tools is not None else None
     conversations = [_conversations(item, tool_dicts) for item in trajectories]
     keys = [json.dumps([c.__dict__ for c in convs], sort_keys=True) for convs in conversations]
-    distinct = list(dict.fromkeys(keys))
-    unique = [conversations[keys.index(key)] for key in distinct]
-    ids = [str(i + 1) for i in range(len(unique))]
+    labels: dict[str, str] = {}  # content -> the id the judge sees; identical trajectories share one
+    for key in keys:
+        labels.setdefault(key, str(len(labels) + 1))
+    ids = list(labels.values())
+    unique = [conversations[keys.index(key)] for key in labels]
     messages = _prompt(unique, ids, rubric)
 
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
@@ -274,8 +278,7 @@ async def judge_trajectories(
         by_id = await _ask(judge, messages, ids, judgement)
         if path is not None:
             _write_cache(path, by_id)
-    index = {key: ids[i] for i, key in enumerate(distinct)}
-    judgement.scores = [by_id[index[key]] for key in keys]
+    judgement.scores = [by_id[labels[key]] for key in keys]
     return judgement
 
 
@@ -284,11 +287,14 @@ async def _ask(
 ) -> dict[str, Score]:
     """Ask until the answer holds one valid score per id, at most ``1 + judge.max_retries`` times."""
     schema = _schema(ids, judge.explanation_max_chars)
+    max_tokens = None
+    if judge.explanation_max_chars is not None:  # each token holds at least one character
+        max_tokens = len(ids) * (judge.explanation_max_chars + _ENTRY_TOKENS) + 16
     attempts = 1 + judge.max_retries
     for attempt in range(1, attempts + 1):
         judgement.attempts = attempt
         try:
-            judgement.answer = await judge.complete(messages, schema)
+            judgement.answer = await judge.complete(messages, schema, max_tokens=max_tokens)
             return _parse(judgement.answer, ids)
         except (JudgeCallError, _InvalidAnswer) as error:
             judgement.retries.append(f"attempt {attempt}: {error}")

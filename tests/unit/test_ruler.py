@@ -68,7 +68,8 @@ async def test_scores_are_matched_by_id_and_explained(script: ScriptedJudge, jud
     assert [t.reward for t in group] == [0.0, 1.0, 2.0, 3.0]  # the input group is left as it was
 
     (request,) = script.received
-    assert request["model"] == "judge" and request["temperature"] == 0.0
+    assert request["model"] == "judge" and "temperature" not in request  # the endpoint's default
+    assert request["max_tokens"] == 4 * (400 + 48) + 16  # what the schema can need, no more
     assert request["response_format"]["json_schema"]["schema"]["required"] == ["1", "2", "3", "4"]
     system, user = request["messages"]
     assert "partial credit" in system["content"]
@@ -317,6 +318,21 @@ async def test_ruler_on_message_lists_with_tools(script: ScriptedJudge, judge: j
     )
 
 
+async def test_sampling_settings_are_sent(script: ScriptedJudge, url: str) -> None:
+    script.replies = [VALID, VALID]
+    async with jm.Judge("judge", base_url=url, temperature=0.3, max_tokens=77, cache=False) as judge:
+        await jm.ruler_score_group(group_of_4(), judge=judge)
+    async with jm.Judge("judge", base_url=url, explanation_max_chars=None, cache=False) as unbounded:
+        await jm.ruler_score_group(group_of_4(), judge=unbounded)
+    first, second = script.received
+    assert (first["temperature"], first["max_tokens"]) == (0.3, 77)
+    assert "max_tokens" not in second
+    explanation = second["response_format"]["json_schema"]["schema"]["properties"]["1"]["properties"][
+        "explanation"
+    ]
+    assert explanation == {"type": "string"}
+
+
 async def test_an_empty_group_costs_no_call(script: ScriptedJudge, judge: jm.Judge) -> None:
     scored = await jm.ruler_score_group(jm.TrajectoryGroup(), judge=judge)
     assert len(scored) == 0 and not script.received and not scored.failures
@@ -433,3 +449,30 @@ def test_answers_in_other_shapes_are_understood(text: str, expected: list[tuple[
 def test_invalid_answers_are_refused(text: str) -> None:
     with pytest.raises(_InvalidAnswer):
         _parse(text, ["1", "2"])
+
+
+async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudge, judge: jm.Judge) -> None:
+    from journeyman.backend.batch import build_batch
+
+    def sampled(answer: str, completion: list[int]) -> jm.Trajectory:
+        turn = {
+            "type": "model_turn",
+            "message": {"role": "assistant", "content": answer},
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": completion,
+            "logprobs": [-0.5] * len(completion),
+        }
+        return jm.Trajectory(conversation=[QUESTION, turn], reward=1.0)
+
+    script.replies = [VALID, *[Reply(status=500)] * 3]
+    judged = await jm.ruler_score_group(
+        jm.TrajectoryGroup(sampled(str(i), [10 + i]) for i in range(4)), judge=judge
+    )
+    failed = await jm.ruler_score_group(
+        jm.TrajectoryGroup(sampled(f"other {i}", [20 + i, 30]) for i in range(4)), judge=judge
+    )
+    assert failed.failures and not judged.failures
+    batch = build_batch([judged, failed], None, jm.TrainConfig())
+    assert batch.rewards == [0.9, 0.2, 0.5, 0.1]  # the judge's, not the programmatic 1.0
+    assert [s.tokens[-1] for s in batch.sequences] == [10, 11, 12, 13]
+    assert batch.counts["data/unscored_trajectories"] == 4 and batch.counts["data/failures"] == 1
