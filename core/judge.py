@@ -174,12 +174,18 @@ class Judge:
             response = await self.client.chat.completions.create(**request)
         except openai.BadRequestError as error:
             if schema is None or self.structured_output != "auto":
-                raise JudgeError(f"judge {self.name!r} refused the request: {error}") from error
+                raise JudgeError(
+                    f"judge {self.name!r} refused the request: {error}. Check the Judge's model, temperature, "
+                    "max_tokens and structured_output settings against what the endpoint accepts."
+                ) from error
+            text = await self._complete_openai(
+                messages, None, None
+            )  # if this fails too, the schema was not why
             logger.warning(
                 "judge %r rejected structured output (%s); parsing free text from now on", self.name, error
             )
             self._schema_rejected = True
-            return await self._complete_openai(messages, None, None)
+            return text
         except openai.APIStatusError as error:
             if error.status_code >= 500 or error.status_code in _RETRIED_STATUS:
                 raise JudgeCallError(

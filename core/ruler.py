@@ -182,11 +182,11 @@ async def ruler_score_group(
         if trajectory.reward is not None and "ruler_score" not in trajectory.metrics:
             trajectory.metrics["programmatic_reward"] = trajectory.reward
 
-    def combine(trajectory: Trajectory, score: float) -> float:
-        reward = judge_weight * score
-        if reward_weight:
-            reward += reward_weight * float(trajectory.metrics["programmatic_reward"])
-        return reward
+    def combine(trajectory: Trajectory, score: float) -> float | None:
+        if not reward_weight:
+            return judge_weight * score
+        programmatic = trajectory.metrics.get("programmatic_reward")
+        return None if programmatic is None else judge_weight * score + reward_weight * float(programmatic)
 
     start = time.perf_counter()
     try:

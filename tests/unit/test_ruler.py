@@ -279,6 +279,8 @@ async def test_combining_needs_every_programmatic_reward(script: ScriptedJudge, 
     (failure,) = scored.failures
     assert failure.type == "InvalidDataError" and "1 of 4 have none" in failure.message
     assert [t.reward for t in scored] == [None] * 4
+    with_fallback = await jm.ruler_score_group(group, judge=judge, reward_weight=1.0, fallback=0.5)
+    assert [t.reward for t in with_fallback] == [0.5, 1.5, None, 3.5]
 
 
 async def test_bad_settings_are_refused(url: str) -> None:
@@ -349,6 +351,17 @@ async def test_free_text_when_the_endpoint_has_no_structured_output(url: str, sc
     # Rejected once, then never asked again; the rejection is no judge attempt.
     assert ["response_format" in r for r in script.received] == [True, False, False]
     assert first.metrics["judge/attempts"] == 1 and not judge.uses_schema
+    await judge.aclose()
+
+
+async def test_a_bad_request_without_the_schema_too_keeps_structured_output(
+    url: str, script: ScriptedJudge
+) -> None:
+    script.replies = [Reply(status=400), Reply(status=400)]
+    judge = jm.Judge("judge", base_url=url, cache=False)
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert ["response_format" in r for r in script.received] == [True, False]  # not retried further
+    assert "refused" in scored.failures[0].message and judge.uses_schema
     await judge.aclose()
 
 
