@@ -21,6 +21,7 @@ from journeyman.errors import (
     UpstreamError,
 )
 from journeyman.gather import gather_trajectory_groups, retry
+from journeyman.judge import Judge
 from journeyman.messages import (
     AnyMessage,
     AssistantMessage,
@@ -38,12 +39,14 @@ from journeyman.messages import (
 from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
 from journeyman.records import CompletionRecord
 from journeyman.remote import RemoteBackend
+from journeyman.ruler import DEFAULT_RUBRIC, Judgement, Score, judge_trajectories, ruler, ruler_score_group
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_RUBRIC",
     "AdapterError",
     "AnyMessage",
     "AssistantMessage",
@@ -59,7 +62,9 @@ __all__ = [
     "InvalidDataError",
     "Item",
     "JourneymanError",
+    "Judge",
     "JudgeError",
+    "Judgement",
     "LoRAConfig",
     "Message",
     "MissingDependencyError",
@@ -70,6 +75,7 @@ __all__ = [
     "Registration",
     "RemoteBackend",
     "RolloutError",
+    "Score",
     "ServerStartError",
     "StorageError",
     "SystemMessage",
@@ -86,7 +92,10 @@ __all__ = [
     "__version__",
     "gather_trajectory_groups",
     "iterate_dataset",
+    "judge_trajectories",
     "load_group",
     "load_trajectory",
     "retry",
+    "ruler",
+    "ruler_score_group",
 ]

@@ -1,0 +1,499 @@
+"""RULER-style group judging: an LLM judge scores the attempts of one group side by side.
+
+GRPO needs only relative rewards within a group, and a judge ranks several attempts at the same
+task more reliably than it scores one attempt alone. So a task with no programmatic success
+check can still be trained on::
+
+    judge = jm.Judge(model="base", base_url=f"{gateway_url}/v1")
+    groups = await jm.gather_trajectory_groups(
+        (jm.TrajectoryGroup(rollout(s) for _ in range(4)) for s in scenarios),
+        after_each=lambda group: jm.ruler_score_group(group, judge=judge),
+    )
+
+What the judge sees: the messages every trajectory starts with, once, as ``<context>``; the tool
+schemas, once when all histories share them (else with each history); then each distinct
+trajectory under an id, with every history it holds. Identical trajectories are judged once and
+share the score.
+
+What is checked: the answer is a JSON schema-constrained object where the endpoint supports it,
+else found in free text. Scores are matched to trajectories by id, never by position; a score
+outside [0, 1] is clamped and counted. Malformed JSON, a missing, extra or repeated id, a timeout
+or an HTTP 5xx is answered by asking again, up to ``judge.max_retries`` times; then
+:class:`~journeyman.errors.JudgeError`. :func:`ruler_score_group` records that error on the group
+as a :class:`~journeyman.trajectory.Failure` and leaves the trajectories without a reward (the
+trainer skips them), or gives them ``fallback``: a group is never trained on invented scores.
+Valid judgements are cached on disk, keyed by the judge model and the full prompt (so by the
+content and the rubric): asking again costs no call.
+
+Compared with OpenPipe ART's ``ruler`` this clamps scores, matches them by id, retries, caches,
+and judges trajectories with several histories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from journeyman.errors import ConfigError, InvalidDataError, JudgeError
+from journeyman.judge import Judge, JudgeCallError
+from journeyman.messages import Item, Tool
+from journeyman.trajectory import History, Trajectory, TrajectoryGroup
+
+__all__ = ["DEFAULT_RUBRIC", "Judgement", "Score", "judge_trajectories", "ruler", "ruler_score_group"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RUBRIC = """\
+- A trajectory that achieves the goal must score clearly higher than any that does not.
+- Among trajectories that achieve it, the more efficient one (fewer wasted steps, tool calls or words) scores higher.
+- Make score gaps match quality gaps: nearly equal trajectories get nearly equal scores, a much better one a much higher score.
+- Give partial credit for real progress toward the goal."""
+
+_SYSTEM = """\
+You judge the work of an AI agent. Every trajectory below is an attempt at the same task; infer the \
+task and what success means from the conversation. Give each trajectory a score between 0 and 1. \
+The scores are compared with each other, so they must rank the trajectories and be spread according \
+to how much they differ in quality.
+
+Grading standards:
+{rubric}
+
+Reply with one JSON object that has one key per trajectory id, each mapping to \
+{{"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}}. \
+Use every id exactly once and no other keys."""
+
+_CACHE_VERSION = 1
+_ENTRY_TOKENS = 48
+"""Tokens for one schema entry besides its explanation: id, keys, score, punctuation, some spaces."""
+
+TrajectoryLike = Trajectory | History | Sequence[Item | dict[str, Any]]
+"""What :func:`ruler` judges: a trajectory (all its histories), a history, or a list of messages."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """The judge's score of one trajectory."""
+
+    score: float
+    """In [0, 1]: the judge's number, clamped."""
+    explanation: str
+    raw_score: float
+    """What the judge answered, before clamping."""
+
+    @property
+    def clamped(self) -> bool:
+        return self.score != self.raw_score
+
+
+@dataclass
+class Judgement:
+    """One judging of a group: a score per trajectory (in input order) and how it went."""
+
+    scores: list[Score]
+    judge: str
+    distinct: int
+    """Distinct trajectories sent to the judge (identical ones share one score)."""
+    attempts: int = 0
+    """Judge calls made: 0 when cached, more than 1 after retries."""
+    cached: bool = False
+    retries: list[str] = field(default_factory=list)
+    """Why each failed attempt failed."""
+    answer: str | None = None
+    """The judge's accepted answer, verbatim (None when cached)."""
+
+    @property
+    def clamped(self) -> int:
+        """How many scores fell outside [0, 1] and were clamped."""
+        return sum(score.clamped for score in self.scores)
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    """A history as the judge sees it."""
+
+    name: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+class _InvalidAnswer(ValueError):
+    """The judge answered, but not with one valid score per id."""
+
+
+async def ruler(
+    trajectories: Sequence[TrajectoryLike],
+    *,
+    judge: Judge,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Tool | dict[str, Any]] | None = None,
+) -> list[Score]:
+    """Score trajectories of the same task side by side; one :class:`Score` each, in order.
+
+    ``tools`` are the schemas the agent had, for trajectories given as message lists (a
+    :class:`Trajectory` carries its own). Raises :class:`JudgeError` when the judge gives no
+    valid scores after its retries.
+    """
+    judgement = await judge_trajectories(trajectories, judge=judge, rubric=rubric, tools=tools)
+    return judgement.scores
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    *,
+    judge: Judge,
+    rubric: str = DEFAULT_RUBRIC,
+    judge_weight: float = 1.0,
+    reward_weight: float = 0.0,
+    fallback: float | None = None,
+) -> TrajectoryGroup:
+    """A copy of ``group`` with each trajectory's reward set from the judge's score.
+
+    ``reward = judge_weight * score + reward_weight * programmatic reward``, where the
+    programmatic reward is the one the trajectory had before (kept in
+    ``metrics["programmatic_reward"]``). The score goes to ``metrics["ruler_score"]``, the
+    explanation to ``logs``, and the judging's counts to the group's ``metrics["judge/..."]``.
+
+    If judging fails, the error is recorded on the group (stage ``"judge"``) and each reward
+    becomes ``None`` (the trainer leaves the group out and counts it), or, with ``fallback``, is
+    computed from that score instead of the judge's. Usable as ``gather_trajectory_groups(after_each=...)``.
+    """
+    if judge_weight < 0 or reward_weight < 0 or judge_weight + reward_weight == 0:
+        raise ConfigError(
+            f"judge_weight and reward_weight must be >= 0 and not both 0; got {judge_weight} and {reward_weight}"
+        )
+    if fallback is not None and not 0 <= fallback <= 1:
+        raise ConfigError(f"fallback must be a score in [0, 1] or None, got {fallback}")
+    scored = group.model_copy(deep=True)
+    if not scored.trajectories:
+        return scored
+    for trajectory in scored:
+        if trajectory.reward is not None and "ruler_score" not in trajectory.metrics:
+            trajectory.metrics["programmatic_reward"] = trajectory.reward
+
+    def combine(trajectory: Trajectory, score: float) -> float | None:
+        if not reward_weight:
+            return judge_weight * score
+        programmatic = trajectory.metrics.get("programmatic_reward")
+        return None if programmatic is None else judge_weight * score + reward_weight * float(programmatic)
+
+    start = time.perf_counter()
+    try:
+        if reward_weight:
+            missing = [t.id for t in scored if "programmatic_reward" not in t.metrics]
+            if missing:
+                raise InvalidDataError(
+                    f"reward_weight={reward_weight} adds each trajectory's own reward to the judge's score, but "
+                    f"{len(missing)} of {len(scored)} have none ({', '.join(missing[:3])}): set the reward in "
+                    "the rollout, or use reward_weight=0"
+                )
+        judgement = await judge_trajectories(scored.trajectories, judge=judge, rubric=rubric)
+    except Exception as error:
+        failure = scored.record_failure(error, stage="judge")
+        scored.metrics.update({"judge/failed": 1, "judge/seconds": time.perf_counter() - start})
+        if fallback is None:
+            outcome = "left without rewards (not trained on)"
+        else:
+            outcome = f"given the fallback score {fallback}"
+        scored.logs.append(
+            f"judge {judge.name} failed ({failure.type}: {failure.message}); trajectories {outcome}"
+        )
+        logger.warning(
+            "judging group %s failed (%s: %s); %s", scored.id, failure.type, failure.message, outcome
+        )
+        for trajectory in scored:
+            if fallback is None:
+                trajectory.reward = None
+            else:
+                trajectory.metrics["judge_fallback"] = True
+                trajectory.reward = combine(trajectory, fallback)
+            trajectory.log(f"RULER: judge failed ({failure.type}); {outcome}")
+        return scored
+
+    for trajectory, score in zip(scored, judgement.scores, strict=True):
+        trajectory.metrics["ruler_score"] = score.score
+        note = ""
+        if score.clamped:
+            trajectory.metrics["ruler_score_clamped"] = True
+            note = f" (clamped from {score.raw_score:g})"
+        trajectory.reward = combine(trajectory, score.score)
+        trajectory.log(f"RULER ({judgement.judge}) score {score.score:.3f}{note}: {score.explanation}")
+    for reason in judgement.retries:
+        scored.logs.append(f"judge retry: {reason}")
+    if judgement.distinct == 1 and len(scored) > 1:
+        scored.logs.append(
+            f"all {len(scored)} trajectories are identical: judged once, the score copied to each"
+        )
+    scored.metrics.update(
+        {
+            "judge/failed": 0,
+            "judge/attempts": judgement.attempts,
+            "judge/retries": len(judgement.retries),
+            "judge/clamped": judgement.clamped,
+            "judge/cached": judgement.cached,
+            "judge/distinct": judgement.distinct,
+            "judge/seconds": time.perf_counter() - start,
+        }
+    )
+    return scored
+
+
+async def judge_trajectories(
+    trajectories: Sequence[TrajectoryLike],
+    *,
+    judge: Judge,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Tool | dict[str, Any]] | None = None,
+) -> Judgement:
+    """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
+    if not trajectories:
+        return Judgement(scores=[], judge=judge.name, distinct=0)
+    tool_dicts = [_tool_dict(tool) for tool in tools] if tools is not None else None
+    conversations = [_conversations(item, tool_dicts) for item in trajectories]
+    keys = [json.dumps([c.__dict__ for c in convs], sort_keys=True) for convs in conversations]
+    labels: dict[str, str] = {}  # content -> the id the judge sees; identical trajectories share one
+    for key in keys:
+        labels.setdefault(key, str(len(labels) + 1))
+    ids = list(labels.values())
+    unique = [conversations[keys.index(key)] for key in labels]
+    messages = _prompt(unique, ids, rubric)
+
+    judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
+    path = _cache_path(judge, messages)
+    by_id = _read_cache(path, ids) if path is not None else None
+    if by_id is not None:
+        judgement.cached = True
+    else:
+        by_id = await _ask(judge, messages, ids, judgement)
+        if path is not None:
+            _write_cache(path, by_id)
+    judgement.scores = [by_id[labels[key]] for key in keys]
+    return judgement
+
+
+async def _ask(
+    judge: Judge, messages: list[dict[str, str]], ids: list[str], judgement: Judgement
+) -> dict[str, Score]:
+    """Ask until the answer holds one valid score per id, at most ``1 + judge.max_retries`` times."""
+    schema = _schema(ids, judge.explanation_max_chars)
+    max_tokens = None
+    if judge.explanation_max_chars is not None:  # each token holds at least one character
+        max_tokens = len(ids) * (judge.explanation_max_chars + _ENTRY_TOKENS) + 16
+    attempts = 1 + judge.max_retries
+    for attempt in range(1, attempts + 1):
+        judgement.attempts = attempt
+        try:
+            judgement.answer = await judge.complete(messages, schema, max_tokens=max_tokens)
+            return _parse(judgement.answer, ids)
+        except (JudgeCallError, _InvalidAnswer) as error:
+            judgement.retries.append(f"attempt {attempt}: {error}")
+            logger.warning("judge %r, attempt %d of %d: %s", judge.name, attempt, attempts, error)
+            if attempt < attempts:
+                await asyncio.sleep(judge.retry_delay * 2 ** (attempt - 1))
+    raise JudgeError(
+        f"judge {judge.name!r} gave no valid scores for {len(ids)} trajectories in {attempts} attempts: "
+        + "; ".join(judgement.retries)
+        + ". Check that the judge model can follow the JSON format, or raise Judge(max_retries=..., timeout=...)"
+    )
+
+
+# The prompt -------------------------------------------------------------------------------------
+
+
+def _tool_dict(tool: Tool | dict[str, Any]) -> dict[str, Any]:
+    try:
+        return Tool.model_validate(tool).model_dump(exclude_none=True)
+    except ValueError as error:
+        raise InvalidDataError(f"not a tool schema ({error}): {str(tool)[:200]}") from None
+
+
+def _conversation(history: History, tools: list[dict[str, Any]] | None) -> _Conversation:
+    own = (
+        [tool.model_dump(exclude_none=True) for tool in history.tools] if history.tools is not None else None
+    )
+    return _Conversation(history.name, history.openai_messages(), own if own is not None else tools)
+
+
+def _conversations(item: TrajectoryLike, tools: list[dict[str, Any]] | None) -> list[_Conversation]:
+    """Every history of one trajectory, main one first."""
+    if isinstance(item, Trajectory):
+        return [_conversation(history, tools) for history in item.histories]
+    if isinstance(item, History):
+        return [_conversation(item, tools)]
+    if isinstance(item, str | bytes | dict):
+        raise InvalidDataError(
+            f"ruler takes a list of trajectories (each a Trajectory, a History or a list of messages), "
+            f"got a {type(item).__name__} in that list"
+        )
+    history = History()
+    for message in item:
+        history.add(message)
+    return [_conversation(history, tools)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
+    """How many leading messages every list has in common."""
+    shared = 0
+    for column in zip(*lists, strict=False):
+        if any(message != column[0] for message in column[1:]):
+            break
+        shared += 1
+    return shared
+
+
+def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> list[dict[str, str]]:
+    mains = [conversations[0].messages for conversations in unique]
+    shared = _shared_prefix(mains) if len(unique) > 1 else 0
+    tool_lists = [c.tools for conversations in unique for c in conversations]
+    tools_shared = all(tools == tool_lists[0] for tools in tool_lists)
+
+    parts = []
+    if shared:
+        parts.append(f"<context>\n{_json(mains[0][:shared])}\n</context>")
+    if tools_shared and tool_lists[0]:
+        parts.append(f"<available_tools>\n{_json(tool_lists[0])}\n</available_tools>")
+    parts.append("Trajectories:")
+    for id_, conversations in zip(ids, unique, strict=True):
+        body = []
+        for k, conversation in enumerate(conversations):
+            text = _json(conversation.messages[shared:] if k == 0 else conversation.messages)
+            if not tools_shared and conversation.tools:
+                text = f"<tools>{_json(conversation.tools)}</tools>\n{text}"
+            if len(conversations) > 1:
+                name = conversation.name or ("main" if k == 0 else f"history {k}")
+                text = f'<history name="{name}">\n{text}\n</history>'
+            body.append(text)
+        parts.append(f'<trajectory id="{id_}">\n' + "\n".join(body) + "\n</trajectory>")
+    return [
+        {"role": "system", "content": _SYSTEM.format(rubric=rubric.strip())},
+        {"role": "user", "content": "\n".join(parts)},
+    ]
+
+
+def _schema(ids: list[str], explanation_max_chars: int | None) -> dict[str, Any]:
+    """One required key per id: a constrained decoder cannot skip, repeat or invent one."""
+    explanation: dict[str, Any] = {"type": "string"}
+    if explanation_max_chars is not None:
+        explanation["maxLength"] = explanation_max_chars
+    entry = {
+        "type": "object",
+        "properties": {"explanation": explanation, "score": {"type": "number", "minimum": 0, "maximum": 1}},
+        "required": ["explanation", "score"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {id_: entry for id_ in ids},
+        "required": ids,
+        "additionalProperties": False,
+    }
+
+
+# The answer -------------------------------------------------------------------------------------
+
+
+def _scores_object(text: str, ids: list[str]) -> dict[str, Any]:
+    """The first JSON object in ``text`` that holds scores (judges wrap it in prose or code fences)."""
+    decoder = json.JSONDecoder()
+    first_error: json.JSONDecodeError | None = None
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError as error:
+            first_error = first_error or error
+            continue
+        if isinstance(value, dict) and ("scores" in value or any(id_ in value for id_ in ids)):
+            return value
+    why = f" ({first_error.msg} at position {first_error.pos})" if first_error else ""
+    raise _InvalidAnswer(f"no JSON object with scores in the answer{why}: {text[:200]!r}")
+
+
+def _number(value: Any, id_: str) -> float:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _InvalidAnswer(f"the score of trajectory {id_} is not a finite number: {value!r}")
+    return float(value)
+
+
+def _parse(text: str, ids: list[str]) -> dict[str, Score]:
+    """One :class:`Score` per id, matched by id; :class:`_InvalidAnswer` if the answer is not that."""
+    data = _scores_object(text, ids)
+    entries: dict[str, Any] = {}
+    if isinstance(data.get("scores"), list):  # the list form: {"scores": [{"trajectory_id", "score", ...}]}
+        for entry in data["scores"]:
+            if not isinstance(entry, dict):
+                raise _InvalidAnswer(f"a score entry is not an object: {entry!r}")
+            id_ = str(entry.get("trajectory_id", entry.get("id")))
+            if id_ in entries:
+                raise _InvalidAnswer(f"trajectory {id_} was scored twice")
+            entries[id_] = entry
+    else:
+        entries = data
+    missing = [id_ for id_ in ids if id_ not in entries]
+    extra = [id_ for id_ in entries if id_ not in ids]
+    if missing or extra:
+        raise _InvalidAnswer(f"the answer must score ids {ids} once each; missing {missing}, unknown {extra}")
+    scores = {}
+    for id_ in ids:
+        entry = entries[id_]
+        raw, explanation = (
+            (entry.get("score"), entry.get("explanation", "")) if isinstance(entry, dict) else (entry, "")
+        )
+        raw_score = _number(raw, id_)
+        scores[id_] = Score(min(1.0, max(0.0, raw_score)), str(explanation), raw_score)
+    return scores
+
+
+# The cache --------------------------------------------------------------------------------------
+
+
+def _cache_path(judge: Judge, messages: list[dict[str, str]]) -> Path | None:
+    if judge.cache_dir is None:
+        return None
+    key = json.dumps({"version": _CACHE_VERSION, "judge": judge.name, "messages": messages}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return judge.cache_dir / digest[:2] / f"{digest}.json"
+
+
+def _read_cache(path: Path, ids: list[str]) -> dict[str, Score] | None:
+    try:
+        data = json.loads(path.read_text())
+        return {id_: Score(**data[id_]) for id_ in ids}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logger.warning("ignoring unreadable judge cache entry %s (%s); judging again", path, error)
+        return None
+
+
+def _write_cache(path: Path, scores: dict[str, Score]) -> None:
+    """Write atomically; a cache that cannot be written costs a later call, never this judgement."""
+    data = {id_: score.__dict__ for id_, score in scores.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
+            json.dump(data, file)
+        os.replace(file.name, path)
+    except OSError as error:
+        logger.warning(
+            "could not write the judge cache entry %s (%s); the next identical judging will call again",
+            path,
+            error,
+        )

@@ -1,0 +1,123 @@
+"""RULER with a real judge: the embedded model behind the real vLLM server, and a training run on it.
+
+A 135M judge is not expected to judge well; it is expected to answer validly every time, which
+structured output (a JSON schema with one required key per trajectory id) guarantees.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+import journeyman as jm
+from journeyman.backend import LocalBackend
+from journeyman.backend.gateway import GatewayThread
+from tests.integration.conftest import SERVED_BASE
+
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is 2+3?"},
+]
+ANSWERS = ["5", "2 + 3 = 5.", "It is 6.", "I like turtles."]
+
+
+async def test_the_local_model_judges_a_group_of_4_with_structured_output(
+    gateway: GatewayThread, tmp_path: Path
+) -> None:
+    group = jm.TrajectoryGroup(
+        jm.Trajectory(conversation=[*QUESTION, {"role": "assistant", "content": answer}], reward=1.0)
+        for answer in ANSWERS
+    )
+    async with jm.Judge(
+        SERVED_BASE,
+        base_url=f"{gateway.base_url}/v1",
+        explanation_max_chars=120,
+        timeout=300,
+        cache_dir=tmp_path / "cache",
+    ) as judge:
+        judgement = await jm.judge_trajectories(group.trajectories, judge=judge)
+        assert judgement.attempts == 1 and not judgement.retries and not judgement.cached
+        assert judge.uses_schema  # "auto": vLLM accepted the JSON schema
+        # The answer is exactly the schema's shape: bare JSON, one entry per id, in order.
+        assert judgement.answer is not None
+        answer = json.loads(judgement.answer)
+        assert list(answer) == ["1", "2", "3", "4"]
+        for entry in answer.values():
+            assert set(entry) == {"explanation", "score"}
+            assert 0 <= entry["score"] <= 1 and len(entry["explanation"]) <= 120
+        assert [s.raw_score for s in judgement.scores] == [answer[i]["score"] for i in "1234"]
+        assert judgement.clamped == 0
+
+        # The group is scored from the same judgement, now on disk: no second call.
+        scored = await jm.ruler_score_group(group, judge=judge)
+        assert judge.calls == 1 and scored.metrics["judge/cached"] is True
+        assert not scored.failures
+        assert [t.reward for t in scored] == [s.score for s in judgement.scores]
+        assert all(t.metrics["programmatic_reward"] == 1.0 for t in scored)
+        assert all(t.logs and t.logs[-1].startswith(f"RULER ({SERVED_BASE}) score") for t in scored)
+
+
+TASKS = ["Name a fruit. Answer with one word.", "What is 3+4? Answer with a number."]
+
+
+async def test_three_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> None:
+    async with LocalBackend(root=tmp_path) as backend:
+        model = jm.TrainableModel(name="ruled", project="test", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        assert backend.router is not None and backend.records is not None
+        records = backend.records
+        client = model.openai_client()
+        # The judge is the base model, served by the same gateway (the policy is `ruled@<step>`).
+        judge = jm.Judge(
+            backend.router.base_name,
+            base_url=model.inference_base_url,
+            api_key=model.inference_api_key,
+            explanation_max_chars=100,
+            max_concurrency=2,
+            timeout=300,
+            cache_dir=tmp_path / "judge_cache",
+        )
+
+        async def rollout(task: str) -> jm.Trajectory:
+            messages = [{"role": "user", "content": task}]
+            response = await client.chat.completions.create(
+                model=model.inference_name,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=12,
+                temperature=1.0,
+            )
+            record = records.get(response.id)
+            assert record is not None
+            return jm.Trajectory(conversation=[*messages, record.model_turn()])  # no reward of its own
+
+        judged_groups = 0
+        for step in range(3):
+            groups = await jm.gather_trajectory_groups(
+                (jm.TrajectoryGroup(rollout(task) for _ in range(4)) for task in TASKS),
+                after_each=functools.partial(jm.ruler_score_group, judge=judge),
+                progress=False,
+            )
+            assert len(groups) == 2
+            for group in groups:
+                judged = group.metrics["judge/failed"] == 0
+                judged_groups += judged
+                # A judge that failed its retries (a sampled judge can) leaves the group unrewarded.
+                assert bool(group.failures) is not judged, group.failures
+                for trajectory in group:
+                    assert "programmatic_reward" not in trajectory.metrics
+                    if judged:
+                        assert trajectory.reward is not None and 0 <= trajectory.reward <= 1
+                        assert trajectory.reward == trajectory.metrics["ruler_score"]
+                    else:
+                        assert trajectory.reward is None
+            result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
+            assert result.step == step + 1
+            rewards = [t.reward for g in groups for t in g if t.reward is not None]
+            assert result.metrics["reward/mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
+        assert judged_groups >= 5  # of 6: structured output makes valid answers the rule
+        assert await model.get_step() == 3
+        assert await model.list_checkpoints() == [0, 1, 2, 3]
+        await judge.aclose()

@@ -1,0 +1,491 @@
+"""RULER against a scripted judge server: every way a judge can answer badly, and the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journeyman as jm
+from journeyman.ruler import _InvalidAnswer, _parse
+from tests.scripted_judge import Reply, ScriptedJudge, reversed_ids, running, scores
+
+SYSTEM = {"role": "system", "content": "You are a calculator agent."}
+QUESTION = {"role": "user", "content": "What is 2+3?"}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+VALID = Reply(scores(0.9, 0.2, 0.5, 0.1))
+
+
+def trajectory(answer: str, reward: float | None = None, **fields: Any) -> jm.Trajectory:
+    return jm.Trajectory(
+        conversation=[SYSTEM, QUESTION, {"role": "assistant", "content": answer}],
+        tools=TOOLS,
+        reward=reward,
+        **fields,
+    )
+
+
+def group_of_4(**fields: Any) -> jm.TrajectoryGroup:
+    answers = ["5", "It is 4.", "2 + 3 = 5, using add.", "I cannot say."]
+    return jm.TrajectoryGroup([trajectory(a, reward=float(i), **fields) for i, a in enumerate(answers)])
+
+
+@pytest.fixture
+def script() -> ScriptedJudge:
+    return ScriptedJudge()
+
+
+@pytest.fixture
+def url(script: ScriptedJudge) -> Iterator[str]:
+    with running(script) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+async def judge(url: str, tmp_path: Path) -> AsyncIterator[jm.Judge]:
+    async with jm.Judge(
+        "judge", base_url=url, timeout=1.0, max_retries=2, retry_delay=0, cache_dir=tmp_path / "cache"
+    ) as judge:
+        yield judge
+
+
+async def test_scores_are_matched_by_id_and_explained(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(0.9, 0.2, 0.5, 0.1, order=reversed_ids))]
+    group = group_of_4()
+    scored = await jm.ruler_score_group(group, judge=judge)
+
+    assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
+    assert [t.metrics["ruler_score"] for t in scored] == [0.9, 0.2, 0.5, 0.1]
+    assert [t.metrics["programmatic_reward"] for t in scored] == [0.0, 1.0, 2.0, 3.0]
+    assert "trajectory 3 is worth 0.5" in scored.trajectories[2].logs[-1]
+    assert scored.metrics["judge/failed"] == 0 and scored.metrics["judge/attempts"] == 1
+    assert not scored.failures
+    assert [t.reward for t in group] == [0.0, 1.0, 2.0, 3.0]  # the input group is left as it was
+
+    (request,) = script.received
+    assert request["model"] == "judge" and "temperature" not in request  # the endpoint's default
+    assert request["max_tokens"] == 4 * (400 + 48) + 16  # what the schema can need, no more
+    assert request["response_format"]["json_schema"]["schema"]["required"] == ["1", "2", "3", "4"]
+    system, user = request["messages"]
+    assert "partial credit" in system["content"]
+    prompt = user["content"]
+    # The shared start is sent once, as context; each trajectory only with what differs.
+    assert prompt.count("What is 2+3?") == 1 and prompt.count("calculator agent") == 1
+    context = prompt.split("<context>\n")[1].split("\n</context>")[0]
+    assert json.loads(context) == [SYSTEM, QUESTION]
+    assert json.loads(prompt.split("<available_tools>\n")[1].split("\n</available_tools>")[0]) == TOOLS
+    assert prompt.count("<trajectory id=") == 4
+    third = prompt.split('<trajectory id="3">\n')[1].split("\n</trajectory>")[0]
+    assert json.loads(third) == [{"role": "assistant", "content": "2 + 3 = 5, using add."}]
+
+
+async def test_out_of_range_scores_are_clamped_and_counted(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(7, -1, 0.5, "0.25"))]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert [t.reward for t in scored] == [1.0, 0.0, 0.5, 0.25]
+    assert scored.metrics["judge/clamped"] == 2
+    assert [t.metrics.get("ruler_score_clamped", False) for t in scored] == [True, True, False, False]
+    assert "clamped from 7" in scored.trajectories[0].logs[-1]
+    assert "clamped from -1" in scored.trajectories[1].logs[-1]
+
+
+BAD_REPLIES = {
+    "malformed JSON": Reply('{"1": {"explanation": "good", "score": 0.9}, "2": {"expl'),
+    "no JSON at all": Reply("All four look fine to me."),
+    "missing id": Reply(lambda ids: json.dumps({i: {"explanation": "", "score": 0.5} for i in ids[:-1]})),
+    "extra id": Reply(scores(0.1, 0.2, 0.3, 0.4, **{"5": {"explanation": "", "score": 1}})),
+    "score not a number": Reply(scores(0.1, "high", 0.3, 0.4)),
+    "HTTP 500": Reply(status=500),
+    "HTTP 429": Reply(status=429),
+    "timeout": Reply(VALID.content, delay=3.0),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_REPLIES.values(), ids=BAD_REPLIES.keys())
+async def test_a_bad_answer_is_retried(script: ScriptedJudge, judge: jm.Judge, bad: Reply) -> None:
+    script.replies = [bad, VALID]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
+    assert scored.metrics["judge/attempts"] == 2 and scored.metrics["judge/retries"] == 1
+    assert not scored.failures
+    assert any(line.startswith("judge retry: attempt 1") for line in scored.logs)
+    assert len(script.received) == 2
+
+
+@pytest.mark.parametrize("bad", BAD_REPLIES.values(), ids=BAD_REPLIES.keys())
+async def test_a_judge_that_keeps_failing_is_a_recorded_failure(
+    script: ScriptedJudge, judge: jm.Judge, bad: Reply
+) -> None:
+    script.replies = [bad, bad, bad]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+
+    assert len(script.received) == 3  # 1 + max_retries
+    (failure,) = scored.failures
+    assert failure.stage == "judge" and failure.type == "JudgeError"
+    assert "in 3 attempts" in failure.message and "attempt 3:" in failure.message
+    assert scored.metrics["judge/failed"] == 1
+    # Never trained on invented scores: no reward, and the programmatic one is kept aside.
+    assert [t.reward for t in scored] == [None] * 4
+    assert [t.metrics["programmatic_reward"] for t in scored] == [0.0, 1.0, 2.0, 3.0]
+    assert all("judge failed" in t.logs[-1] for t in scored)
+
+
+async def test_fallback_score_when_the_judge_fails(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(status=500)] * 3
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge, fallback=0.0)
+    assert [t.reward for t in scored] == [0.0] * 4
+    assert all(t.metrics["judge_fallback"] for t in scored)
+    assert len(scored.failures) == 1 and scored.metrics["judge/failed"] == 1
+
+
+async def test_errors_that_a_retry_cannot_fix_are_not_retried(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(status=401)]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert len(script.received) == 1
+    (failure,) = scored.failures
+    assert "HTTP 401" in failure.message and "api_key" in failure.message
+    assert [t.reward for t in scored] == [None] * 4
+
+
+async def test_the_disk_cache_saves_a_second_call(script: ScriptedJudge, url: str, tmp_path: Path) -> None:
+    script.replies = [VALID]
+    cache = tmp_path / "judge_cache"
+    first = jm.Judge("judge", base_url=url, retry_delay=0, cache_dir=cache)
+    scored = await jm.ruler_score_group(group_of_4(), judge=first)
+    assert scored.metrics["judge/cached"] is False and first.calls == 1
+
+    # A new Judge (a new process, say) over the same folder: the answer comes from disk.
+    again = jm.Judge("judge", base_url=url, retry_delay=0, cache_dir=cache)
+    rescored = await jm.ruler_score_group(group_of_4(), judge=again)
+    assert again.calls == 0 and len(script.received) == 1
+    assert rescored.metrics["judge/cached"] is True and rescored.metrics["judge/attempts"] == 0
+    assert [t.reward for t in rescored] == [t.reward for t in scored]
+    assert [t.logs for t in rescored] == [t.logs for t in scored]
+
+    # Another rubric, another judge model, or other content is another question.
+    script.replies = [VALID, VALID, VALID]
+    await jm.ruler_score_group(group_of_4(), judge=again, rubric="Shorter is better.")
+    await jm.ruler_score_group(group_of_4(), judge=jm.Judge("other", base_url=url, cache_dir=cache))
+    changed = group_of_4()
+    changed.trajectories[0].conversation[-1] = jm.AssistantMessage(content="five")
+    await jm.ruler_score_group(changed, judge=again)
+    assert len(script.received) == 4
+
+    # Failed judgements are not cached.
+    script.replies = [Reply(status=500)] * 3 + [VALID]
+    uncached = group_of_4()
+    uncached.trajectories[1].conversation[-1] = jm.AssistantMessage(content="four")
+    failed = await jm.ruler_score_group(uncached, judge=again)
+    assert failed.failures
+    assert (await jm.ruler_score_group(uncached, judge=again)).metrics["judge/cached"] is False
+    await first.aclose()
+    await again.aclose()
+
+
+async def test_cache_off_and_a_corrupt_entry_cost_a_call(
+    script: ScriptedJudge, url: str, tmp_path: Path
+) -> None:
+    script.replies = [VALID] * 4
+    uncached = jm.Judge("judge", base_url=url, cache=False)
+    await jm.ruler_score_group(group_of_4(), judge=uncached)
+    await jm.ruler_score_group(group_of_4(), judge=uncached)
+    assert uncached.calls == 2 and uncached.cache_dir is None
+
+    cached = jm.Judge("judge", base_url=url, cache_dir=tmp_path / "c")
+    await jm.ruler_score_group(group_of_4(), judge=cached)
+    (entry,) = (tmp_path / "c").rglob("*.json")
+    entry.write_text("{not json")
+    scored = await jm.ruler_score_group(group_of_4(), judge=cached)
+    assert cached.calls == 2 and scored.metrics["judge/cached"] is False
+    assert json.loads(entry.read_text())["1"]["score"] == 0.9  # rewritten
+    await uncached.aclose()
+    await cached.aclose()
+
+
+async def test_identical_trajectories_get_one_judgement(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(0.7))]
+    group = jm.TrajectoryGroup([trajectory("5") for _ in range(4)])
+    scored = await jm.ruler_score_group(group, judge=judge)
+    assert [t.reward for t in scored] == [0.7] * 4
+    (request,) = script.received
+    assert request["response_format"]["json_schema"]["schema"]["required"] == ["1"]
+    prompt = request["messages"][1]["content"]
+    assert prompt.count("<trajectory id=") == 1 and "<context>" not in prompt
+    assert "What is 2+3?" in prompt  # the whole trajectory, since nothing differs
+    assert scored.metrics["judge/distinct"] == 1
+    assert any("identical" in line for line in scored.logs)
+
+
+async def test_duplicates_within_a_group_share_a_score(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(0.8, 0.3))]
+    group = jm.TrajectoryGroup([trajectory(a) for a in ["5", "4", "5", "4"]])
+    scored = await jm.ruler_score_group(group, judge=judge)
+    assert [t.reward for t in scored] == [0.8, 0.3, 0.8, 0.3]
+    assert scored.metrics["judge/distinct"] == 2
+
+
+async def test_every_history_is_judged(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(0.6, 0.4))]
+    group = jm.TrajectoryGroup(
+        [
+            trajectory(
+                answer,
+                additional_histories=[
+                    jm.History(
+                        name="checker",
+                        conversation=[
+                            {"role": "user", "content": f"Check the answer {answer}"},
+                            {"role": "assistant", "content": verdict},
+                        ],
+                    )
+                ],
+            )
+            for answer, verdict in [("5", "correct"), ("4", "wrong: 2+3 is not 4")]
+        ]
+    )
+    scored = await jm.ruler_score_group(group, judge=judge)
+    assert [t.reward for t in scored] == [0.6, 0.4]
+    prompt = script.received[0]["messages"][1]["content"]
+    second = prompt.split('<trajectory id="2">\n')[1].split("\n</trajectory>")[0]
+    assert '<history name="main">' in second and '<history name="checker">' in second
+    checker = second.split('<history name="checker">\n')[1].split("\n</history>")[0]
+    assert json.loads(checker)[1] == {"role": "assistant", "content": "wrong: 2+3 is not 4"}
+    # The tools differ between histories (the checker has none), so each history shows its own.
+    assert "<available_tools>" not in prompt and prompt.count("<tools>") == 2
+
+
+async def test_programmatic_and_judge_rewards_combine_with_weights(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.replies = [VALID]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge, judge_weight=2.0, reward_weight=0.5)
+    assert [t.reward for t in scored] == pytest.approx([1.8, 0.9, 2.0, 1.7])  # 2 * score + 0.5 * reward
+    # Judging the judged group again (from the cache) keeps the original programmatic reward.
+    again = await jm.ruler_score_group(scored, judge=judge, judge_weight=1.0, reward_weight=1.0)
+    assert [t.reward for t in again] == pytest.approx([0.9, 1.2, 2.5, 3.1])
+    assert again.metrics["judge/cached"] is True and len(script.received) == 1
+
+
+async def test_combining_needs_every_programmatic_reward(script: ScriptedJudge, judge: jm.Judge) -> None:
+    group = group_of_4()
+    group.trajectories[2].reward = None
+    scored = await jm.ruler_score_group(group, judge=judge, reward_weight=1.0)
+    assert not script.received  # no call wasted
+    (failure,) = scored.failures
+    assert failure.type == "InvalidDataError" and "1 of 4 have none" in failure.message
+    assert [t.reward for t in scored] == [None] * 4
+    with_fallback = await jm.ruler_score_group(group, judge=judge, reward_weight=1.0, fallback=0.5)
+    assert [t.reward for t in with_fallback] == [0.5, 1.5, None, 3.5]
+
+
+async def test_bad_settings_are_refused(url: str) -> None:
+    judge = jm.Judge("judge", base_url=url, cache=False)
+    with pytest.raises(jm.ConfigError, match="not both 0"):
+        await jm.ruler_score_group(group_of_4(), judge=judge, judge_weight=0.0)
+    with pytest.raises(jm.ConfigError, match="fallback"):
+        await jm.ruler_score_group(group_of_4(), judge=judge, fallback=2.0)
+    with pytest.raises(jm.ConfigError, match="base_url and model"):
+        jm.Judge(base_url=url)
+    with pytest.raises(jm.ConfigError, match="LangChain chat model"):
+        jm.Judge(chat_model="gpt-4o")
+    with pytest.raises(jm.ConfigError, match="timeout"):
+        jm.Judge("judge", base_url=url, timeout=0)
+    with pytest.raises(jm.InvalidDataError, match="role"):
+        await jm.ruler([[{"content": "no role"}]], judge=judge)
+    with pytest.raises(jm.InvalidDataError, match="list of messages"):
+        await jm.ruler([{"role": "user", "content": "one message, not a list of them"}], judge=judge)  # type: ignore[list-item]
+
+
+async def test_ruler_on_message_lists_with_tools(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.replies = [Reply(scores(1.0, 0.0))]
+    result = await jm.ruler(
+        [
+            [QUESTION, {"role": "assistant", "content": "5"}],
+            [QUESTION, jm.AssistantMessage(content="4")],
+        ],
+        judge=judge,
+        tools=TOOLS,
+        rubric="Correct answers score 1.",
+    )
+    assert [(s.score, s.clamped) for s in result] == [(1.0, False), (0.0, False)]
+    system, user = script.received[0]["messages"]
+    assert "Correct answers score 1." in system["content"] and "partial credit" not in system["content"]
+    assert (
+        json.loads(user["content"].split("<available_tools>\n")[1].split("\n</available_tools>")[0]) == TOOLS
+    )
+
+
+async def test_sampling_settings_are_sent(script: ScriptedJudge, url: str) -> None:
+    script.replies = [VALID, VALID]
+    async with jm.Judge("judge", base_url=url, temperature=0.3, max_tokens=77, cache=False) as judge:
+        await jm.ruler_score_group(group_of_4(), judge=judge)
+    async with jm.Judge("judge", base_url=url, explanation_max_chars=None, cache=False) as unbounded:
+        await jm.ruler_score_group(group_of_4(), judge=unbounded)
+    first, second = script.received
+    assert (first["temperature"], first["max_tokens"]) == (0.3, 77)
+    assert "max_tokens" not in second
+    explanation = second["response_format"]["json_schema"]["schema"]["properties"]["1"]["properties"][
+        "explanation"
+    ]
+    assert explanation == {"type": "string"}
+
+
+async def test_an_empty_group_costs_no_call(script: ScriptedJudge, judge: jm.Judge) -> None:
+    scored = await jm.ruler_score_group(jm.TrajectoryGroup(), judge=judge)
+    assert len(scored) == 0 and not script.received and not scored.failures
+
+
+async def test_free_text_when_the_endpoint_has_no_structured_output(url: str, script: ScriptedJudge) -> None:
+    script.reject_schema = True
+    fenced = Reply(lambda ids: "Here are my scores:\n```json\n" + scores(0.9, 0.2, 0.5, 0.1)(ids) + "\n```")
+    script.replies = [fenced, fenced]
+    judge = jm.Judge("judge", base_url=url, cache=False)
+    first = await jm.ruler_score_group(group_of_4(), judge=judge)
+    second = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert [t.reward for t in first] == [t.reward for t in second] == [0.9, 0.2, 0.5, 0.1]
+    # Rejected once, then never asked again; the rejection is no judge attempt.
+    assert ["response_format" in r for r in script.received] == [True, False, False]
+    assert first.metrics["judge/attempts"] == 1 and not judge.uses_schema
+    await judge.aclose()
+
+
+async def test_a_bad_request_without_the_schema_too_keeps_structured_output(
+    url: str, script: ScriptedJudge
+) -> None:
+    script.replies = [Reply(status=400), Reply(status=400)]
+    judge = jm.Judge("judge", base_url=url, cache=False)
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert ["response_format" in r for r in script.received] == [True, False]  # not retried further
+    assert "refused" in scored.failures[0].message and judge.uses_schema
+    await judge.aclose()
+
+
+async def test_a_required_schema_that_is_rejected_fails_without_retries(
+    url: str, script: ScriptedJudge
+) -> None:
+    script.reject_schema = True
+    judge = jm.Judge("judge", base_url=url, structured_output="json_schema", cache=False)
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert len(script.received) == 1 and "refused" in scored.failures[0].message
+    judge_off = jm.Judge("judge", base_url=url, structured_output="off", cache=False)
+    script.replies = [VALID]
+    assert [t.reward for t in await jm.ruler_score_group(group_of_4(), judge=judge_off)] == [
+        0.9,
+        0.2,
+        0.5,
+        0.1,
+    ]
+    assert "response_format" not in script.received[-1]
+    await judge.aclose()
+    await judge_off.aclose()
+
+
+async def test_a_langchain_chat_model_as_judge(url: str, script: ScriptedJudge, tmp_path: Path) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
+    judge = jm.Judge(chat_model=chat, retry_delay=0, cache_dir=tmp_path / "c")
+    assert judge.name == "lc-judge"
+    script.replies = [Reply(status=500), VALID]
+    scored = await jm.ruler_score_group(group_of_4(), judge=judge)
+    assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
+    assert scored.metrics["judge/attempts"] == 2
+    assert script.received[-1]["model"] == "lc-judge" and "response_format" not in script.received[-1]
+    assert (await jm.ruler_score_group(group_of_4(), judge=judge)).metrics["judge/cached"] is True
+
+
+async def test_concurrency_is_limited_across_groups(url: str, script: ScriptedJudge) -> None:
+    script.replies = [Reply(VALID.content, delay=0.2) for _ in range(3)]
+    judge = jm.Judge("judge", base_url=url, max_concurrency=1, cache=False)
+    groups = [group_of_4() for _ in range(3)]
+    for i, group in enumerate(groups):
+        group.trajectories[0].conversation[-1] = jm.AssistantMessage(content=str(i))
+    scored = await asyncio.gather(*(jm.ruler_score_group(g, judge=judge) for g in groups))
+    assert all(not g.failures for g in scored)
+    assert script.max_in_flight == 1 and len(script.received) == 3
+    await judge.aclose()
+
+
+async def test_as_gather_after_each(url: str, script: ScriptedJudge) -> None:
+    script.replies = [VALID, Reply(status=500), Reply(status=500)]
+    judge = jm.Judge("judge", base_url=url, max_retries=1, retry_delay=0, max_concurrency=1, cache=False)
+
+    async def rollout(answer: str) -> jm.Trajectory:
+        return trajectory(answer)
+
+    answers = ["5", "It is 4.", "2 + 3 = 5, using add.", "I cannot say."]
+    groups = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup(rollout(a) for a in answers) for _ in range(2)],
+        after_each=functools.partial(jm.ruler_score_group, judge=judge),
+        progress=False,
+    )
+    judged = [g for g in groups if not g.failures]
+    failed = [g for g in groups if g.failures]
+    assert len(judged) == len(failed) == 1
+    assert sorted(t.reward for t in judged[0]) == [0.1, 0.2, 0.5, 0.9]  # rollouts finish in any order
+    assert [t.reward for t in failed[0]] == [None] * 4
+    await judge.aclose()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"1": {"explanation": "ok", "score": 1}, "2": {"score": 0}}', [(1.0, "ok"), (0.0, "")]),
+        ('{"1": 0.5, "2": 1.5}', [(0.5, ""), (1.0, "")]),
+        (
+            'Sure. {"scores": [{"trajectory_id": "2", "explanation": "b", "score": 0.2}, '
+            '{"trajectory_id": 1, "explanation": "a", "score": 0.8}]} Hope that helps.',
+            [(0.8, "a"), (0.2, "b")],
+        ),
+    ],
+)
+def test_answers_in_other_shapes_are_understood(text: str, expected: list[tuple[float, str]]) -> None:
+    parsed = _parse(text, ["1", "2"])
+    assert [(parsed[i].score, parsed[i].explanation) for i in ["1", "2"]] == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"scores": [{"trajectory_id": "1", "score": 0.1}, {"trajectory_id": "1", "score": 0.2}]}',
+        '{"1": {"score": true}, "2": {"score": 0}}',
+        '{"1": {"score": NaN}, "2": {"score": 0}}',
+        '{"1": {"score": null}, "2": {"score": 0}}',
+        '{"scores": ["0.1", "0.2"]}',
+        "[0.1, 0.2]",
+    ],
+)
+def test_invalid_answers_are_refused(text: str) -> None:
+    with pytest.raises(_InvalidAnswer):
+        _parse(text, ["1", "2"])
+
+
+async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudge, judge: jm.Judge) -> None:
+    from journeyman.backend.batch import build_batch
+
+    def sampled(answer: str, completion: list[int]) -> jm.Trajectory:
+        turn = {
+            "type": "model_turn",
+            "message": {"role": "assistant", "content": answer},
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": completion,
+            "logprobs": [-0.5] * len(completion),
+        }
+        return jm.Trajectory(conversation=[QUESTION, turn], reward=1.0)
+
+    script.replies = [VALID, *[Reply(status=500)] * 3]
+    judged = await jm.ruler_score_group(
+        jm.TrajectoryGroup(sampled(str(i), [10 + i]) for i in range(4)), judge=judge
+    )
+    failed = await jm.ruler_score_group(
+        jm.TrajectoryGroup(sampled(f"other {i}", [20 + i, 30]) for i in range(4)), judge=judge
+    )
+    assert failed.failures and not judged.failures
+    batch = build_batch([judged, failed], None, jm.TrainConfig())
+    assert batch.rewards == [0.9, 0.2, 0.5, 0.1]  # the judge's, not the programmatic 1.0
+    assert [s.tokens[-1] for s in batch.sequences] == [10, 11, 12, 13]
+    assert batch.counts["data/unscored_trajectories"] == 4 and batch.counts["data/failures"] == 1
