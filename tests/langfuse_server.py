@@ -242,7 +242,7 @@ class LangfuseServer:
         if content_type.startswith("application/x-protobuf"):
             request.ParseFromString(body)
         elif content_type.startswith("application/json"):
-            Parse(body.decode(), request)
+            Parse(json.dumps(_hex_ids_to_base64(json.loads(body))), request)
         else:
             raise BadRequest(f"unsupported content type {content_type!r}", 415)
         now = _iso(datetime.now(UTC))
@@ -263,7 +263,6 @@ class LangfuseServer:
         parent = span.parent_span_id.hex() or None
         is_root = parent is None or str(a.get("langfuse.internal.as_root")).lower() == "true"
         is_root = is_root or str(a.get("langfuse.internal.is_app_root")).lower() == "true"
-        kind = str(a.get("langfuse.observation.type", "span")).upper()
         start, end = _from_nanos(span.start_time_unix_nano), _from_nanos(span.end_time_unix_nano)
         usage = _json_attribute(a.get("langfuse.observation.usage_details")) or _gen_ai_usage(a)
         usage = {k: int(v) for k, v in (usage or {}).items() if isinstance(v, int | float)}
@@ -275,7 +274,7 @@ class LangfuseServer:
             "traceId": trace_id,
             "projectId": PROJECT["id"],
             "parentObservationId": parent,
-            "type": kind if kind in OBSERVATION_TYPES else "SPAN",
+            "type": _observation_type(a),
             "name": a.get("gen_ai.tool.name") or span.name,
             "level": a.get("langfuse.observation.level") or ("ERROR" if span.status.code == 2 else "DEFAULT"),
             "statusMessage": a.get("langfuse.observation.status_message") or span.status.message or None,
@@ -460,6 +459,17 @@ class LangfuseServer:
 # Mapping helpers ----------------------------------------------------------------------------
 
 
+def _hex_ids_to_base64(body: dict[str, Any]) -> dict[str, Any]:
+    """OTLP JSON writes trace and span ids as hex, where protobuf's JSON mapping expects base64."""
+    for resource_spans in body.get("resourceSpans", []):
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return body
+
+
 def _attributes(attributes: Any) -> dict[str, Any]:
     return {kv.key: _value(kv.value) for kv in attributes}
 
@@ -473,6 +483,37 @@ def _value(value: AnyValue) -> Any:
     if kind == "bytes_value":
         return value.bytes_value.hex()
     return getattr(value, kind) if kind else None
+
+
+_OPENINFERENCE = {"LLM": "GENERATION"}
+_GEN_AI_OPERATIONS = {
+    "chat": "GENERATION",
+    "completion": "GENERATION",
+    "text_completion": "GENERATION",
+    "generate_content": "GENERATION",
+    "generate": "GENERATION",
+    "embeddings": "EMBEDDING",
+    "invoke_agent": "AGENT",
+    "create_agent": "AGENT",
+    "execute_tool": "TOOL",
+}
+
+
+def _observation_type(a: dict[str, Any]) -> str:
+    """Langfuse's order: its own type, OpenInference span kind, GenAI operation, tool, model, SPAN."""
+    candidates = [
+        str(a.get("langfuse.observation.type") or "").upper(),
+        _OPENINFERENCE.get(str(a.get("openinference.span.kind")), str(a.get("openinference.span.kind"))),
+        _GEN_AI_OPERATIONS.get(str(a.get("gen_ai.operation.name")), ""),
+        "TOOL" if a.get("gen_ai.tool.name") or a.get("gen_ai.tool.call.id") else "",
+        "GENERATION"
+        if any(
+            a.get(k)
+            for k in ("langfuse.observation.model.name", "gen_ai.request.model", "gen_ai.response.model")
+        )
+        else "",
+    ]
+    return next((c for c in candidates if c in OBSERVATION_TYPES), "SPAN")
 
 
 def _raw(value: Any) -> str | None:

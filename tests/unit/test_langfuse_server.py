@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("langfuse")
@@ -255,3 +256,53 @@ async def test_train_exports_its_groups_with_step_split_and_run(
     assert result.step == 5 and backend.trained == [[group]]
     found = import_trajectories(client, session_id="demo/calc-agent", tags=["step:4", "split:train"])
     assert sorted(found, key=lambda t: t.id) == sorted(group.trajectories, key=lambda t: t.id)
+
+
+def test_spans_from_other_instrumentation_are_mapped_like_langfuse_does(server: LangfuseServer) -> None:
+    """OTLP JSON from a non-Langfuse tracer: the type comes from the GenAI attributes."""
+
+    def span(span_id: str, name: str, attributes: dict[str, Any], parent: str = "") -> dict[str, Any]:
+        return {
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": span_id,
+            "parentSpanId": parent,
+            "name": name,
+            "startTimeUnixNano": "1767225600123456789",
+            "endTimeUnixNano": "1767225601000000000",
+            "attributes": [
+                {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+                for k, v in attributes.items()
+            ],
+        }
+
+    spans = [
+        span("eee19b7ec3c1b174", "agent run", {"session.id": "s-1"}),
+        span(
+            "eee19b7ec3c1b175",
+            "chat qwen",
+            {"gen_ai.operation.name": "chat", "gen_ai.request.model": "qwen", "gen_ai.usage.input_tokens": 7},
+            parent="eee19b7ec3c1b174",
+        ),
+        span("eee19b7ec3c1b176", "run tool", {"gen_ai.tool.name": "search"}, parent="eee19b7ec3c1b174"),
+    ]
+    body = {"resourceSpans": [{"scopeSpans": [{"scope": {"name": "my-tracer"}, "spans": spans}]}]}
+    auth = base64.b64encode(f"{server.public_key}:{server.secret_key}".encode()).decode()
+    response = httpx.post(
+        f"{server.base_url}/api/public/otel/v1/traces",
+        json=body,
+        headers={"authorization": f"Basic {auth}"},
+    )
+    assert response.status_code == 200
+    observations = {o["name"]: o for o in server.trace_observations("5b8efff798038103d269b633813fc60c")}
+    assert observations["agent run"]["type"] == "SPAN" and observations["agent run"]["isRootObservation"]
+    chat = observations["chat qwen"]
+    assert (chat["type"], chat["model"], chat["usageDetails"]) == (
+        "GENERATION",
+        "qwen",
+        {"input": 7, "total": 7},
+    )
+    assert chat["startTime"] == "2026-01-01T00:00:00.123Z"  # milliseconds, as Langfuse keeps them
+    assert observations["search"]["type"] == "TOOL"  # named after gen_ai.tool.name
+    assert all(o["sessionId"] == "s-1" for o in observations.values() if o["name"] == "agent run")
+    wrong = httpx.post(f"{server.base_url}/api/public/otel/v1/traces", json=body)
+    assert wrong.status_code == 401
