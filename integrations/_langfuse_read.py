@@ -328,6 +328,8 @@ def _metadata(observation: Any) -> dict[str, Any]:
 
 def _info(observation: Any) -> dict[str, Any] | None:
     info = _metadata(observation).get(KEY)
+    if isinstance(info, str):  # exported as JSON text, then stored as a JSON string value
+        info = _json(info)
     return info if isinstance(info, dict) else None
 
 

@@ -189,7 +189,7 @@ class LangfuseExporter:
                 name=trajectory.name or "trajectory",
                 input=_prompt(main),
                 output=_final(main),
-                metadata={KEY: info},
+                metadata={KEY: _payload(info)},
             )
             _export_history(root, main)
             for index, history in enumerate(branches, start=1):
@@ -198,7 +198,7 @@ class LangfuseExporter:
                     name=history.name or f"history-{index}",
                     input=_prompt(history),
                     output=_final(history),
-                    metadata={KEY: {"schema": SCHEMA, "history": index, **_history_info(history)}},
+                    metadata={KEY: _payload({"schema": SCHEMA, "history": index, **_history_info(history)})},
                 )
                 _export_history(branch, history)
                 branch.end()
@@ -218,6 +218,8 @@ class LangfuseExporter:
                 comment=explanation if isinstance(explanation, str) else None,
             )
         for name, value in trajectory.metrics.items():
+            if name == REWARD_SCORE:
+                continue  # the reward's own score; the metric still travels in the metadata
             self.client.create_score(
                 name=name,
                 value=float(value),
@@ -341,6 +343,12 @@ def _score_id(tid: str, name: str) -> str:
     return Langfuse.create_trace_id(seed=f"{tid}:{name}")
 
 
+def _payload(info: dict[str, Any]) -> str:
+    # Our own JSON text: the SDK's serializer turns integers beyond 2**53 into strings and cuts
+    # nesting deeper than 20 levels, and a lossless import needs neither.
+    return json.dumps(info)
+
+
 def _history_info(history: History) -> dict[str, Any]:
     dumped = history.model_dump(mode="json", exclude_none=True)
     last_turn = max(
@@ -392,11 +400,15 @@ def _export_history(parent: Any, history: History) -> None:
                 model_parameters=_display_parameters(item.sampling),
                 usage_details=usage or None,
                 metadata={
-                    KEY: {
-                        "schema": SCHEMA,
-                        "index": index,
-                        "turn": item.model_dump(mode="json", exclude={"type", "message"}, exclude_none=True),
-                    }
+                    KEY: _payload(
+                        {
+                            "schema": SCHEMA,
+                            "index": index,
+                            "turn": item.model_dump(
+                                mode="json", exclude={"type", "message"}, exclude_none=True
+                            ),
+                        }
+                    )
                 },
             )
             generation.end()

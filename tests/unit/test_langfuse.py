@@ -176,7 +176,8 @@ def test_a_trajectory_becomes_one_trace_with_its_turns_tools_and_branches(
         "stop": '["</s>"]',
         "logprobs": "true",
     }
-    turn = json.loads(attr(first, "langfuse.observation.metadata.journeyman"))
+    # JSON text of our own inside the JSON the SDK writes: exact whatever the SDK's serializer does.
+    turn = json.loads(json.loads(attr(first, "langfuse.observation.metadata.journeyman")))
     assert turn["index"] == 2 and turn["turn"]["logprobs"] == [-0.25, None]
     assert len(json.loads(attr(second, "langfuse.observation.input"))) == 4  # the conversation so far
 
