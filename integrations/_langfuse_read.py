@@ -52,11 +52,16 @@ def trajectory_from_observations(
     if not observations:
         raise InvalidDataError("a trace without observations holds no trajectory")
     by_id = {o.id: o for o in observations}
-    root = _root(observations, by_id)
-    info = _info(root)
-    if info is not None and info.get("schema") == SCHEMA and isinstance(info.get("trajectory"), dict):
-        data = _journeyman(observations, by_id, info)
+    roots = [o for o in observations if o.is_root_observation] or [
+        o for o in observations if o.parent_observation_id not in by_id
+    ]
+    exports = [(root, info) for root in roots if (info := _export_info(root)) is not None]
+    if exports:
+        # Exported more than once (say, after re-judging): the latest export is the trajectory.
+        root, info = max(exports, key=lambda export: export[0].start_time)
+        data = _journeyman(_subtree(root, observations, by_id), by_id, info)
     else:
+        root = min(roots or observations, key=lambda o: o.start_time)
         data = _foreign(observations, by_id, root)
     _apply_scores(data, scores, reward_score)
     try:
@@ -313,11 +318,22 @@ def _apply_scores(data: dict[str, Any], scores: Sequence[Any], reward_score: str
             metrics[name] = score.value
 
 
-def _root(observations: Sequence[Any], by_id: dict[str, Any]) -> Any:
-    roots = [o for o in observations if o.is_root_observation] or [
-        o for o in observations if o.parent_observation_id not in by_id
-    ]
-    return min(roots or observations, key=lambda o: o.start_time)
+def _export_info(root: Any) -> dict[str, Any] | None:
+    info = _info(root)
+    if info is not None and info.get("schema") == SCHEMA and isinstance(info.get("trajectory"), dict):
+        return info
+    return None
+
+
+def _subtree(root: Any, observations: Sequence[Any], by_id: dict[str, Any]) -> list[Any]:
+    def under_root(observation: Any) -> bool:
+        while observation is not None:
+            if observation.id == root.id:
+                return True
+            observation = by_id.get(observation.parent_observation_id or "")
+        return False
+
+    return [o for o in observations if under_root(o)]
 
 
 def _metadata(observation: Any) -> dict[str, Any]:

@@ -108,10 +108,13 @@ def test_reward_metrics_and_judge_explanation_are_scores(server: LangfuseServer,
     assert scores["seconds"].data_type == "NUMERIC" and scores["seconds"].value == 1.5
     assert all(s.subject is not None and s.subject.kind == "trace" for s in page.data)
 
-    # Exporting again (say, after re-judging) updates the scores instead of adding more.
+    # Exporting again (say, after re-judging) updates the scores instead of adding more, and the
+    # import reads the latest export of the trace.
     judged.reward = 0.5
+    judged.logs.append("re-judged")
     export_group(group, client)
     assert len(server.scores) == 8
+    assert import_trajectories(client, trace_ids=[trace_id(judged.id)]) == [judged]
     (reward,) = client.api.scores.get_many(trace_id=trace_id(judged.id), name="reward").data
     assert reward.value == 0.5
     assert import_trajectories(client, trace_ids=[trace_id(judged.id)])[0].reward == 0.5
