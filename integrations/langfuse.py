@@ -136,8 +136,9 @@ class LangfuseExporter:
             problem = _connection_problem(self.client)
             if problem is not None:
                 raise ConnectionError(
-                    f"Langfuse is not reachable ({problem}); {len(trajectories)} trajectories were not "
-                    "exported. Check LANGFUSE_BASE_URL and the keys; rollouts and training go on."
+                    f"cannot reach Langfuse: {problem}. {len(trajectories)} "
+                    "trajectories were not exported; rollouts and training go on. Check LANGFUSE_BASE_URL "
+                    "and the keys (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY), or pass a configured client."
                 )
         split = split or self.split
         tags = [
@@ -331,7 +332,7 @@ def _connection_problem(client: Langfuse) -> str | None:
     if cached is not None and now - cached[0] < _CHECK_SECONDS:
         return cached[1]
     try:
-        problem = None if client.auth_check() else "the client is not initialised"
+        problem = None if client.auth_check() else "the client is disabled (no public key?)"
     except Exception as error:
         problem = f"{type(error).__name__}: {error}"
     _checked[id(client)] = (now, problem)

@@ -211,7 +211,9 @@ def test_an_unreachable_server_is_a_warning_and_a_recorded_failure(caplog: pytes
     assert LangfuseExporter(client).export_group(group) == []
     (failure,) = group.failures
     assert failure.stage == "export" and failure.type == "ConnectionError"
-    assert "not reachable" in failure.message and "2 trajectories were not exported" in failure.message
+    assert (
+        "cannot reach Langfuse" in failure.message and "2 trajectories were not exported" in failure.message
+    )
     assert any("Langfuse export" in r.message and r.levelname == "WARNING" for r in caplog.records)
     assert exporter.get_finished_spans() == ()
     assert len(group) == 2  # nothing lost

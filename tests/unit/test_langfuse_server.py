@@ -176,7 +176,11 @@ def test_wrong_keys_are_a_recorded_failure_not_a_crash(server: LangfuseServer) -
         group = sample_group()
         assert export_group(group, wrong) == []
         (failure,) = group.failures
-        assert failure.stage == "export" and "not reachable" in failure.message and "401" in failure.message
+        assert (
+            failure.stage == "export"
+            and "cannot reach Langfuse" in failure.message
+            and "401" in failure.message
+        )
         assert server.observations == {}
     finally:
         wrong.shutdown()
