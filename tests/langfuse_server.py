@@ -435,7 +435,11 @@ class LangfuseServer:
         expand = {k for k in q.get("expandMetadata", "").split(",") if k}
         with self._lock:
             rows = [{**o, **self._trace_context(o["traceId"])} for o in self.observations.values()]
-        conditions = _filters(q) if "filter" not in q else [_condition(f) for f in _parse_filter(q["filter"])]
+        conditions = (
+            _filters(q, query.get("environment", []))
+            if "filter" not in q
+            else [_condition(f) for f in _parse_filter(q["filter"])]
+        )
         rows = [r for r in rows if all(condition(r) for condition in conditions)]
         rows.sort(key=lambda r: (r["startTime"], r["traceId"], r["id"]), reverse=True)
         offset = _offset(q.get("cursor"), urlsafe=False)
@@ -628,7 +632,7 @@ def _score_field(score: dict[str, Any], name: str) -> Any:
 Condition = Any
 
 
-def _filters(q: dict[str, str]) -> list[Condition]:
+def _filters(q: dict[str, str], environments: list[str]) -> list[Condition]:
     """The single query-parameter filters (ignored by Langfuse when ``filter`` is given)."""
     conditions: list[Condition] = []
     for param in (
@@ -646,8 +650,9 @@ def _filters(q: dict[str, str]) -> list[Condition]:
     if "isRootObservation" in q:
         wanted = q["isRootObservation"].lower() == "true"
         conditions.append(lambda r: r["isRootObservation"] == wanted)
-    if "environment" in q:
-        conditions.append(lambda r: r["environment"] in q["environment"].split(","))
+    if environments:  # repeated (environment=a&environment=b) or comma-separated
+        wanted = {e for value in environments for e in value.split(",")}
+        conditions.append(lambda r: r["environment"] in wanted)
     if "fromStartTime" in q:
         conditions.append(lambda r: _parse(r["startTime"]) >= _parse(q["fromStartTime"]))
     if "toStartTime" in q:

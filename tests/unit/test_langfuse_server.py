@@ -346,3 +346,10 @@ def test_edge_cases_found_by_the_property_test(server: LangfuseServer, client: L
     assert import_trajectories(client, trace_ids=[tid]) == [trajectory]
     (reward,) = client.api.scores.get_many(trace_id=tid, name="reward").data
     assert reward.value == 0.5
+
+
+def test_environment_filter_takes_one_or_many(server: LangfuseServer, client: Langfuse) -> None:
+    export_group(sample_group(), client)
+    assert len(client.api.observations.get_many(environment="default").data) == 12
+    assert len(client.api.observations.get_many(environment=["staging", "default"]).data) == 12
+    assert client.api.observations.get_many(environment="production").data == []
