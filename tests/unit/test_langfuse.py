@@ -4,6 +4,9 @@ attributes and ids exactly as they would go over the wire. And the read side on 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -322,3 +325,25 @@ def test_a_generation_that_does_not_continue_the_conversation_starts_another_his
 def test_an_empty_trace_is_a_clear_error() -> None:
     with pytest.raises(jm.InvalidDataError, match="without observations"):
         trajectory_from_observations([])
+
+
+def test_without_the_sdk_the_error_names_the_extra() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "langfuse":
+                    raise ImportError("blocked for this test")
+
+        sys.meta_path.insert(0, Block())
+        import journeyman
+        try:
+            import journeyman.integrations.langfuse
+        except journeyman.MissingDependencyError as error:
+            print(error)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "pip install 'journeyman[langfuse]'" in result.stdout
