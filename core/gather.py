@@ -115,16 +115,22 @@ async def gather_trajectory_groups(
     after_each: AfterEach | None = None,
     description: str = "gather",
     progress: bool = True,
+    langfuse: Any = False,
 ) -> list[TrajectoryGroup]:
     """Run every group's rollouts concurrently; return the groups in the order given.
 
     ``after_each`` runs on each group as soon as its rollouts are done (a judge, say); it may
     return the group, a list of groups, or None to drop it. If it raises, the failure is
     recorded on the group (stage ``"reward"``) and the group is kept unscored.
+
+    ``langfuse``: True (client from the environment), a ``langfuse.Langfuse`` client or a
+    ``LangfuseExporter`` exports each group to Langfuse as soon as it is finished; an export
+    failure is recorded on the group (stage ``"export"``) and the gather goes on.
     """
     items = list(groups)
     if max_exceptions < 0:
         raise ValueError(f"max_exceptions must be >= 0, got {max_exceptions}")
+    exporter = langfuse_exporter(langfuse) if langfuse else None
     total = sum(len(g._pending) if isinstance(g, TrajectoryGroup) else 1 for g in items)
     state = _Gather(total=total, limit=max_exceptions)
     token = _current.set(state)
@@ -143,6 +149,12 @@ async def gather_trajectory_groups(
                 raise InvalidDataError(
                     f"gather_trajectory_groups got {type(group).__name__}, not a TrajectoryGroup"
                 )
+            finished = await _after(group)
+            if exporter is not None:
+                await export_groups(exporter, finished)
+            return finished
+
+        async def _after(group: TrajectoryGroup) -> list[TrajectoryGroup]:
             if after_each is None:
                 return [group]
             try:
@@ -163,6 +175,19 @@ async def gather_trajectory_groups(
         if display is not None:
             display.stop()
     return [group for task in running for group in task.result()]
+
+
+def langfuse_exporter(target: Any, **labels: Any) -> Any:
+    """The Langfuse exporter behind ``langfuse=`` (True, a Langfuse client, or an exporter)."""
+    from journeyman.integrations.langfuse import exporter_for  # lazy: `import journeyman` stays light
+
+    return exporter_for(target, **labels)
+
+
+async def export_groups(exporter: Any, groups: Iterable[TrajectoryGroup], *, step: int | None = None) -> None:
+    """Export groups off the event loop; failures end up on the groups, never raised."""
+    for group in groups:
+        await asyncio.to_thread(exporter.export_group, group, step=step)
 
 
 def _progress(description: str) -> Any:

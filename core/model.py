@@ -171,10 +171,21 @@ class TrainableModel(Model):
         return await self.backend.get_step(self)
 
     async def train(
-        self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None
+        self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, *, langfuse: Any = False
     ) -> TrainResult:
-        """One training step on ``groups``; returns when the new adapter is being served."""
-        return await self.backend.train(self, list(groups), config or TrainConfig())
+        """One training step on ``groups``; returns when the new adapter is being served.
+
+        ``langfuse`` (True, a ``langfuse.Langfuse`` client or a ``LangfuseExporter``) first exports
+        the groups, tagged with this model, its project, the step they were sampled at and split
+        ``train``, in session ``project/name``; an export failure is recorded on its group.
+        """
+        groups = list(groups)
+        if langfuse:
+            from journeyman.gather import export_groups, langfuse_exporter
+
+            exporter = langfuse_exporter(langfuse, project=self.project, model=self.name, split="train")
+            await export_groups(exporter, groups, step=await self.get_step())
+        return await self.backend.train(self, groups, config or TrainConfig())
 
     async def list_checkpoints(self) -> list[int]:
         """Steps with a complete checkpoint on the backend."""

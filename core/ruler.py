@@ -229,6 +229,7 @@ async def ruler_score_group(
             note = f" (clamped from {score.raw_score:g})"
         trajectory.reward = combine(trajectory, score.score)
         trajectory.log(f"RULER ({judgement.judge}) score {score.score:.3f}{note}: {score.explanation}")
+        trajectory.metadata["judge_explanation"] = score.explanation  # the Langfuse score's comment
     for reason in judgement.retries:
         scored.logs.append(f"judge retry: {reason}")
     if judgement.distinct == 1 and len(scored) > 1:

@@ -63,6 +63,7 @@ async def test_scores_are_matched_by_id_and_explained(script: ScriptedJudge, jud
     assert [t.metrics["ruler_score"] for t in scored] == [0.9, 0.2, 0.5, 0.1]
     assert [t.metrics["programmatic_reward"] for t in scored] == [0.0, 1.0, 2.0, 3.0]
     assert "trajectory 3 is worth 0.5" in scored.trajectories[2].logs[-1]
+    assert scored.trajectories[2].metadata["judge_explanation"] == "trajectory 3 is worth 0.5"
     assert scored.metrics["judge/failed"] == 0 and scored.metrics["judge/attempts"] == 1
     assert not scored.failures
     assert [t.reward for t in group] == [0.0, 1.0, 2.0, 3.0]  # the input group is left as it was

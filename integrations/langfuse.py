@@ -1,0 +1,522 @@
+"""Langfuse: every trajectory as a trace to inspect; recorded traces back as training data.
+
+Export (the Langfuse client reads ``LANGFUSE_PUBLIC_KEY``, ``LANGFUSE_SECRET_KEY`` and
+``LANGFUSE_BASE_URL`` when none is given)::
+
+    from journeyman.integrations.langfuse import export_group, import_trajectories
+
+    export_group(group, project="demo", model="calc-agent", step=3, split="train")
+    trajectories = import_trajectories(session_id="demo/calc-agent")
+
+One trace per trajectory, its id derived from the trajectory id (exporting again targets the same
+trace). The root is an ``agent`` observation; under it one ``generation`` per model turn (served
+model and adapter version, input messages, output message with tool calls, token usage, sampling
+parameters) followed by one ``tool`` observation per tool call; each extra history is an
+``agent`` branch of its own. Session = the training run (``project/model``); tags name project,
+model, step, split and group. The reward and the numeric metrics are scores; the judge's
+explanation (``trajectory.metadata["judge_explanation"]``) is the reward score's comment.
+Everything a lossless import needs (token ids, logprobs, exact metadata) rides along under the
+``journeyman`` metadata key, so an exported group imports back equal.
+
+Import reads traces through the SDK's read API (``GET /api/public/v2/observations`` and
+``GET /api/public/v3/scores``) and also understands traces recorded by other instrumentation,
+such as Langfuse's own LangChain ``CallbackHandler``: the generations give the messages and tool
+calls, ``tool`` observations the tool results, scores the reward.
+
+With no Langfuse reachable, export logs a warning, records a ``Failure`` (stage ``export``) on
+the group and returns: rollouts and training go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from journeyman.errors import InvalidDataError, MissingDependencyError
+from journeyman.messages import ModelTurn, ToolMessage
+from journeyman.trajectory import History, Trajectory, TrajectoryGroup
+
+try:
+    from langfuse import Langfuse, get_client, propagate_attributes
+except ImportError as error:  # pragma: no cover - depends on the installed extras
+    raise MissingDependencyError("langfuse", "langfuse", "Langfuse export and import") from error
+
+from journeyman.integrations._langfuse_read import (
+    JUDGE_EXPLANATION,
+    KEY,
+    REWARD_SCORE,
+    SCHEMA,
+    trajectory_from_observations,
+)
+
+__all__ = [
+    "JUDGE_EXPLANATION",
+    "REWARD_SCORE",
+    "LangfuseExporter",
+    "export_group",
+    "export_trajectories",
+    "import_trajectories",
+    "trace_id",
+    "trajectory_from_observations",
+]
+
+logger = logging.getLogger(__name__)
+
+_OBSERVATION_FIELDS = "core,basic,time,io,metadata,model,usage,trace_context"
+_CHECK_SECONDS = 30.0
+_checked: dict[int, tuple[float, str | None]] = {}
+
+
+def trace_id(trajectory_id: str) -> str:
+    """The Langfuse trace id (32 hex digits) of a trajectory: the same id always gives the same trace."""
+    return Langfuse.create_trace_id(seed=trajectory_id)
+
+
+class LangfuseExporter:
+    """Exports trajectories to one Langfuse project; never raises into a rollout or training step.
+
+    ``client``: a ``langfuse.Langfuse`` (default: ``langfuse.get_client()``, configured from the
+    environment). ``session_id`` defaults to ``project/model``. ``check_connection`` asks the
+    server once (``auth_check``, cached 30 s) before exporting, so an unreachable server costs one
+    warning instead of silently dropped spans.
+    """
+
+    def __init__(
+        self,
+        client: Langfuse | None = None,
+        *,
+        project: str | None = None,
+        model: str | None = None,
+        session_id: str | None = None,
+        split: str | None = None,
+        tags: Sequence[str] = (),
+        check_connection: bool = True,
+    ) -> None:
+        self.client = client if client is not None else get_client()
+        self.project, self.model, self.split, self.tags = project, model, split, list(tags)
+        self.session_id = session_id or (f"{project}/{model}" if project and model else None)
+        self.check_connection = check_connection
+
+    def export_group(
+        self, group: TrajectoryGroup, *, step: int | None = None, split: str | None = None
+    ) -> list[str]:
+        """Export every trajectory of ``group``; returns the trace ids. A failure is recorded on the group."""
+        try:
+            return self._export(group.trajectories, group_id=group.id, step=step, split=split)
+        except Exception as error:
+            group.record_failure(error, stage="export")
+            logger.warning(
+                "Langfuse export of group %s failed: %s: %s", group.id, type(error).__name__, error
+            )
+            return []
+
+    def export_trajectories(
+        self,
+        trajectories: Iterable[Trajectory],
+        *,
+        group_id: str | None = None,
+        step: int | None = None,
+        split: str | None = None,
+    ) -> list[str]:
+        """Export trajectories; returns their trace ids (none when Langfuse is unreachable)."""
+        try:
+            return self._export(list(trajectories), group_id=group_id, step=step, split=split)
+        except Exception as error:
+            logger.warning("Langfuse export failed: %s: %s", type(error).__name__, error)
+            return []
+
+    def _export(
+        self, trajectories: list[Trajectory], *, group_id: str | None, step: int | None, split: str | None
+    ) -> list[str]:
+        if self.check_connection:
+            problem = _connection_problem(self.client)
+            if problem is not None:
+                raise ConnectionError(
+                    f"cannot reach Langfuse: {problem}. {len(trajectories)} "
+                    "trajectories were not exported; rollouts and training go on. Check LANGFUSE_BASE_URL "
+                    "and the keys (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY), or pass a configured client."
+                )
+        split = split or self.split
+        tags = [
+            *(f"{name}:{value}" for name, value in self._labels(step, split, group_id) if value is not None),
+            *self.tags,
+        ]
+        ids = [self._export_one(t, group_id=group_id, tags=tags) for t in trajectories]
+        self.client.flush()
+        return ids
+
+    def _labels(self, step: int | None, split: str | None, group_id: str | None) -> list[tuple[str, Any]]:
+        return [
+            ("project", self.project),
+            ("model", self.model),
+            ("step", step),
+            ("split", split),
+            ("group", group_id),
+        ]
+
+    def _export_one(self, trajectory: Trajectory, *, group_id: str | None, tags: list[str]) -> str:
+        tid = trace_id(trajectory.id)
+        main, *branches = trajectory.histories
+        info = {
+            "schema": SCHEMA,
+            "history": 0,
+            "group_id": group_id,
+            "trajectory": trajectory.model_dump(
+                mode="json",
+                include={
+                    "id",
+                    "metrics",
+                    "metadata",
+                    "logs",
+                    "started_at",
+                    "finished_at",
+                    "timings",
+                    "initial_policy_version",
+                    "final_policy_version",
+                },
+            ),
+            **_history_info(main),
+        }
+        with propagate_attributes(
+            session_id=self.session_id, tags=tags or None, trace_name=trajectory.name or "trajectory"
+        ):
+            root = self.client.start_observation(
+                trace_context={"trace_id": tid},
+                as_type="agent",
+                name=trajectory.name or "trajectory",
+                input=_prompt(main),
+                output=_final(main),
+                metadata={KEY: _payload(info)},
+            )
+            _export_history(root, main)
+            for index, history in enumerate(branches, start=1):
+                branch = root.start_observation(
+                    as_type="agent",
+                    name=history.name or f"history-{index}",
+                    input=_prompt(history),
+                    output=_final(history),
+                    metadata={KEY: _payload({"schema": SCHEMA, "history": index, **_history_info(history)})},
+                )
+                _export_history(branch, history)
+                branch.end()
+            root.end()
+        self._score(trajectory, tid)
+        return tid
+
+    def _score(self, trajectory: Trajectory, tid: str) -> None:
+        if trajectory.reward is not None:
+            explanation = trajectory.metadata.get(JUDGE_EXPLANATION)
+            self.client.create_score(
+                name=REWARD_SCORE,
+                value=trajectory.reward,
+                trace_id=tid,
+                score_id=_score_id(tid, REWARD_SCORE),
+                data_type="NUMERIC",
+                comment=explanation if isinstance(explanation, str) else None,
+            )
+        for name, value in trajectory.metrics.items():
+            if name == REWARD_SCORE:
+                continue  # the reward's own score; the metric still travels in the metadata
+            self.client.create_score(
+                name=name,
+                value=float(value),
+                trace_id=tid,
+                score_id=_score_id(tid, name),
+                data_type="BOOLEAN" if isinstance(value, bool) else "NUMERIC",
+            )
+
+
+def export_group(
+    group: TrajectoryGroup,
+    client: Langfuse | None = None,
+    *,
+    project: str | None = None,
+    model: str | None = None,
+    session_id: str | None = None,
+    step: int | None = None,
+    split: str | None = None,
+    tags: Sequence[str] = (),
+    check_connection: bool = True,
+) -> list[str]:
+    """Export a group's trajectories as traces; returns the trace ids (see :class:`LangfuseExporter`)."""
+    exporter = LangfuseExporter(
+        client,
+        project=project,
+        model=model,
+        session_id=session_id,
+        tags=tags,
+        check_connection=check_connection,
+    )
+    return exporter.export_group(group, step=step, split=split)
+
+
+def export_trajectories(
+    trajectories: Iterable[Trajectory],
+    client: Langfuse | None = None,
+    *,
+    group_id: str | None = None,
+    project: str | None = None,
+    model: str | None = None,
+    session_id: str | None = None,
+    step: int | None = None,
+    split: str | None = None,
+    tags: Sequence[str] = (),
+    check_connection: bool = True,
+) -> list[str]:
+    """Export trajectories as traces; returns the trace ids (see :class:`LangfuseExporter`)."""
+    exporter = LangfuseExporter(
+        client,
+        project=project,
+        model=model,
+        session_id=session_id,
+        tags=tags,
+        check_connection=check_connection,
+    )
+    return exporter.export_trajectories(trajectories, group_id=group_id, step=step, split=split)
+
+
+def exporter_for(target: Any, **labels: Any) -> LangfuseExporter:
+    """The exporter behind ``langfuse=`` on gather/train: True, a Langfuse client, or an exporter."""
+    if isinstance(target, LangfuseExporter):
+        return target
+    return LangfuseExporter(None if target is True else target, **labels)
+
+
+def import_trajectories(
+    client: Langfuse | None = None,
+    *,
+    trace_ids: Iterable[str] | None = None,
+    session_id: str | None = None,
+    tags: Sequence[str] | None = None,
+    name: str | None = None,
+    from_time: datetime | None = None,
+    to_time: datetime | None = None,
+    reward_score: str = REWARD_SCORE,
+    limit: int = 1000,
+) -> list[Trajectory]:
+    """Rebuild trajectories from Langfuse traces: given ids, or found by session, tags (all of them),
+    trace name and start-time window. The score named ``reward_score`` becomes the reward."""
+    client = client if client is not None else get_client()
+    if trace_ids is not None:
+        ids = list(dict.fromkeys(trace_ids))
+    else:
+        if session_id is None and not tags and name is None and from_time is None and to_time is None:
+            raise InvalidDataError(
+                "import_trajectories needs trace_ids or a filter (session_id, tags, name, from_time, "
+                "to_time): reading a whole project is rarely what you want"
+            )
+        ids = _find_traces(client, session_id, tags, name, from_time, to_time, limit)
+    scores = _scores(client, ids)
+    trajectories = []
+    for tid in ids:
+        observations = _observations(client, tid)
+        if not observations:
+            raise InvalidDataError(
+                f"trace {tid} has no observations in Langfuse: check the id and the project of the keys "
+                "(a trace sent seconds ago may still be in ingestion)"
+            )
+        trajectories.append(trajectory_from_observations(observations, scores.get(tid, []), reward_score))
+    return trajectories
+
+
+# Export helpers ------------------------------------------------------------------------------
+
+
+def _connection_problem(client: Langfuse) -> str | None:
+    now = time.monotonic()
+    cached = _checked.get(id(client))
+    if cached is not None and now - cached[0] < _CHECK_SECONDS:
+        return cached[1]
+    try:
+        problem = None if client.auth_check() else "the client is disabled (no public key?)"
+    except Exception as error:
+        problem = f"{type(error).__name__}: {error}"
+    _checked[id(client)] = (now, problem)
+    return problem
+
+
+def _score_id(tid: str, name: str) -> str:
+    # Deterministic, so exporting again updates the score instead of adding another.
+    return Langfuse.create_trace_id(seed=f"{tid}:{name}")
+
+
+def _payload(info: dict[str, Any]) -> str:
+    # Our own JSON text: the SDK's serializer turns integers beyond 2**53 into strings and cuts
+    # nesting deeper than 20 levels, and a lossless import needs neither.
+    return json.dumps(info)
+
+
+def _history_info(history: History) -> dict[str, Any]:
+    dumped = history.model_dump(mode="json", exclude_none=True)
+    last_turn = max(
+        (i for i, item in enumerate(history.conversation) if isinstance(item, ModelTurn)), default=-1
+    )
+    return {
+        "name": history.name,
+        "tools": dumped.get("tools"),
+        "tail": dumped["conversation"][last_turn + 1 :],
+    }
+
+
+def _prompt(history: History) -> list[dict[str, Any]]:
+    """The messages before the first model turn: the task as the model first saw it."""
+    prompt = []
+    for item in history.conversation:
+        if isinstance(item, ModelTurn):
+            break
+        prompt.append(item.model_dump(mode="json", exclude_none=True))
+    return prompt
+
+
+def _final(history: History) -> dict[str, Any] | None:
+    messages = history.openai_messages()
+    return messages[-1] if messages else None
+
+
+def _export_history(parent: Any, history: History) -> None:
+    messages: list[dict[str, Any]] = []
+    answers = {
+        item.tool_call_id: item.model_dump(mode="json")["content"]
+        for item in history.messages
+        if isinstance(item, ToolMessage)
+    }
+    for index, item in enumerate(history.conversation):
+        if isinstance(item, ModelTurn):
+            output = item.message.model_dump(mode="json", exclude_none=True)
+            usage = {
+                key: len(ids)
+                for key, ids in (("input", item.prompt_token_ids), ("output", item.completion_token_ids))
+                if ids is not None
+            }
+            generation = parent.start_observation(
+                as_type="generation",
+                name=item.model or "model",
+                model=item.model,
+                input=list(messages),
+                output=output,
+                model_parameters=_display_parameters(item.sampling),
+                usage_details=usage or None,
+                metadata={
+                    KEY: _payload(
+                        {
+                            "schema": SCHEMA,
+                            "index": index,
+                            "turn": item.model_dump(
+                                mode="json", exclude={"type", "message"}, exclude_none=True
+                            ),
+                        }
+                    )
+                },
+            )
+            generation.end()
+            for call in item.message.tool_calls or []:
+                try:
+                    arguments: Any = call.function.parsed_arguments()
+                except InvalidDataError:
+                    arguments = call.function.arguments
+                tool = parent.start_observation(
+                    as_type="tool",
+                    name=call.function.name,
+                    input=arguments,
+                    output=answers.get(call.id),
+                    metadata={"tool_call_id": call.id},
+                )
+                tool.end()
+            messages.append(output)
+        else:
+            messages.append(item.model_dump(mode="json", exclude_none=True))
+
+
+def _display_parameters(sampling: dict[str, Any] | None) -> dict[str, Any] | None:
+    # Langfuse shows model parameters as strings and numbers; the exact values ride in metadata.
+    if not sampling:
+        return None
+    return {
+        key: value
+        if isinstance(value, str | int | float) and not isinstance(value, bool)
+        else json.dumps(value)
+        for key, value in sampling.items()
+    }
+
+
+# Import helpers ------------------------------------------------------------------------------
+
+
+def _find_traces(
+    client: Langfuse,
+    session_id: str | None,
+    tags: Sequence[str] | None,
+    name: str | None,
+    from_time: datetime | None,
+    to_time: datetime | None,
+    limit: int,
+) -> list[str]:
+    # One structured filter: when `filter` is given, Langfuse ignores the single query parameters.
+    filters: list[dict[str, Any]] = [
+        {"type": "boolean", "column": "isRootObservation", "operator": "=", "value": True}
+    ]
+    if session_id is not None:
+        filters.append({"type": "string", "column": "sessionId", "operator": "=", "value": session_id})
+    if tags:
+        filters.append({"type": "arrayOptions", "column": "tags", "operator": "all of", "value": list(tags)})
+    if name is not None:
+        filters.append({"type": "string", "column": "traceName", "operator": "=", "value": name})
+    if from_time is not None:
+        filters.append(
+            {"type": "datetime", "column": "startTime", "operator": ">=", "value": from_time.isoformat()}
+        )
+    if to_time is not None:
+        filters.append(
+            {"type": "datetime", "column": "startTime", "operator": "<", "value": to_time.isoformat()}
+        )
+    ids: dict[str, None] = {}
+    cursor = None
+    while len(ids) < limit:
+        page = client.api.observations.get_many(
+            fields="core", filter=json.dumps(filters), limit=min(1000, limit), cursor=cursor
+        )
+        ids.update((o.trace_id, None) for o in page.data if o.trace_id)
+        cursor = page.meta.cursor
+        if not cursor or not page.data:
+            break
+    return list(ids)[:limit]
+
+
+def _observations(client: Langfuse, tid: str) -> list[Any]:
+    observations: list[Any] = []
+    cursor = None
+    while True:
+        page = client.api.observations.get_many(
+            trace_id=tid,
+            fields=_OBSERVATION_FIELDS,
+            expand_metadata=f"{KEY},tool_call_id",
+            limit=1000,
+            cursor=cursor,
+        )
+        observations.extend(page.data)
+        cursor = page.meta.cursor
+        if not cursor or not page.data:
+            return observations
+
+
+def _scores(client: Langfuse, trace_ids: list[str]) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for start in range(0, len(trace_ids), 50):
+        chunk = trace_ids[start : start + 50]
+        cursor = None
+        while True:
+            page = client.api.scores.get_many(
+                trace_id=",".join(chunk), fields="details,subject", limit=100, cursor=cursor
+            )
+            for score in page.data:
+                # Trace-level scores only: a score on one observation does not rate the trajectory.
+                if score.subject is not None and score.subject.kind == "trace":
+                    found.setdefault(score.subject.id, []).append(score)
+            cursor = page.meta.cursor
+            if not cursor or not page.data:
+                break
+    return found
