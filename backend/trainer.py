@@ -45,6 +45,8 @@ try:
 except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
+from . import fused_lora  # noqa: E402  (needs torch)
+
 __all__ = ["StepResult", "Trainer"]
 
 logger = logging.getLogger(__name__)
@@ -85,9 +87,11 @@ class Trainer:
         deploy: Deploy | None = None,
         engine: str = "auto",
         seed: int = 0,
+        fused_lora: bool = True,
     ) -> None:
         self.base_model = base_model
         self.seed = seed
+        self.fused_lora = fused_lora
         self.store = store
         self.lora = lora or LoRAConfig()
         self.precision = precision
@@ -172,6 +176,8 @@ class Trainer:
                 self.model = get_peft_model(base, self._peft_config())
         else:
             self.model = PeftModel.from_pretrained(base, latest[1] / ADAPTER, is_trainable=True)
+        if self.fused_lora:
+            fused_lora.install(self.model)
 
     def _load_unsloth(
         self, path: Path | str, latest: tuple[int, Path] | None
@@ -403,15 +409,14 @@ class Trainer:
         chosen_hidden = hidden.flatten(0, 1)[where[positions]]  # (N, H)
         chosen_targets = targets[positions]  # (N,)
         head = causal_lm.get_output_embeddings()
+        frozen_head = type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
         pieces, entropies = [], []
         for start in range(0, chosen_targets.numel(), chunk):
-            logprob, entropy = checkpoint(
-                _chunk_logprobs,
-                chosen_hidden[start : start + chunk],
-                chosen_targets[start : start + chunk],
-                head,
-                use_reentrant=False,
-            )
+            piece = chosen_hidden[start : start + chunk], chosen_targets[start : start + chunk]
+            if frozen_head:
+                logprob, entropy = _ChosenLogprobs.apply(*piece, head.weight)
+            else:  # a trained head: let autograd see it, recomputing the chunk's logits in backward
+                logprob, entropy = checkpoint(_chunk_logprobs, *piece, head, use_reentrant=False)
             pieces.append(logprob)
             entropies.append(entropy)
         flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
@@ -452,6 +457,33 @@ def _packed_inputs(rows: list[Row], pad: int) -> _PackedInputs:
     k = torch.arange(width)[None, :]  # (1, W)
     attention = (k <= q) & ((k >= segment[:, :, None]) | (k < prefix))  # (R, W, W)
     return _PackedInputs(input_ids, position_ids, attention[:, None], where)
+
+
+class _ChosenLogprobs(torch.autograd.Function):
+    """log softmax(h W^T)[target] and the entropy for a chunk of positions, through a frozen
+    output layer W. Nothing of vocabulary size is kept for backward: the logits are recomputed
+    there and turned into their gradient in place, (onehot(target) - softmax) x grad."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = (hidden @ weight.t()).float()  # (n, V)
+        lse = logits.logsumexp(-1)  # (n,)
+        chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        logits.sub_(lse[:, None])  # now log-probabilities
+        entropy = -(logits.exp() * logits).sum(-1)
+        ctx.save_for_backward(hidden, targets, weight, lse)
+        ctx.mark_non_differentiable(entropy)
+        return chosen, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _entropy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, targets, weight, lse = ctx.saved_tensors
+        logits = (hidden @ weight.t()).float()
+        grad_logits = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -softmax x grad
+        grad_logits[torch.arange(len(targets)), targets] += grad
+        return grad_logits.to(hidden.dtype) @ weight, None, None
 
 
 def _chunk_logprobs(
