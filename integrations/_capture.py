@@ -214,7 +214,7 @@ def _tools(tools: list[dict[str, Any]] | None) -> Any:
 
 
 def _untracked_turn(call: Call) -> ModelTurn:
-    reply = dict(call.reply or {"role": "assistant", "content": ""})
+    reply = {k: v for k, v in (call.reply or {}).items() if k in AssistantMessage.model_fields}
     reply.pop("role", None)
     try:
         message = AssistantMessage.model_validate({"role": "assistant", **reply})
