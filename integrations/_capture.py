@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,15 @@ from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage, conten
 from journeyman.records import CompletionRecord
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
-__all__ = ["Call", "HttpRecords", "RecordSource", "ToolRun", "build_trajectory", "gateway_root"]
+__all__ = [
+    "Call",
+    "HttpRecords",
+    "RecordSource",
+    "ToolRun",
+    "build_trajectory",
+    "gateway_root",
+    "http_records",
+]
 
 logger = logging.getLogger("journeyman.integrations")
 
@@ -46,26 +55,35 @@ def gateway_root(base_url: str) -> str:
 
 
 class HttpRecords:
-    """Records read from a gateway over HTTP (``GET /records/<completion_id>``)."""
+    """Records read from a gateway over HTTP (``GET /records/<completion_id>``), on one kept-alive client."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
         self.root = gateway_root(base_url)
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = timeout
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.root, headers=headers, timeout=timeout)
 
-    def _parse(self, response: httpx.Response) -> CompletionRecord | None:
+    def get(self, completion_id: str) -> CompletionRecord | None:
+        response = self._client.get(f"/records/{completion_id}")
         if response.status_code == 404:
             return None
         response.raise_for_status()
         return CompletionRecord.model_validate_json(response.content)
 
-    def get(self, completion_id: str) -> CompletionRecord | None:
-        with httpx.Client(timeout=self._timeout, headers=self._headers) as client:
-            return self._parse(client.get(f"{self.root}/records/{completion_id}"))
+    def close(self) -> None:
+        self._client.close()
 
-    async def aget(self, completion_id: str) -> CompletionRecord | None:
-        async with httpx.AsyncClient(timeout=self._timeout, headers=self._headers) as client:
-            return self._parse(await client.get(f"{self.root}/records/{completion_id}"))
+
+_shared: dict[tuple[str, str | None], HttpRecords] = {}
+_shared_lock = threading.Lock()
+
+
+def http_records(base_url: str, api_key: str | None = None) -> HttpRecords:
+    """The process-wide :class:`HttpRecords` for a gateway (tracers made per run share its connections)."""
+    key = (gateway_root(base_url), api_key)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = HttpRecords(base_url, api_key)
+        return _shared[key]
 
 
 @dataclass

@@ -30,7 +30,15 @@ from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.messages import AssistantMessage
 from journeyman.trajectory import Trajectory
 
-from ._capture import Call, HttpRecords, RecordSource, ToolRun, build_trajectory, join_records, logger
+from ._capture import (
+    Call,
+    RecordSource,
+    ToolRun,
+    build_trajectory,
+    http_records,
+    join_records,
+    logger,
+)
 
 try:
     from crewai.events import (
@@ -69,7 +77,7 @@ class CrewTracer:
         self.raise_error = raise_error
         self.errors = 0
         """Failures inside the tracer's handlers (logged and counted, never raised into the crew)."""
-        self._records = HttpRecords(records, api_key) if isinstance(records, str) else records
+        self._records = http_records(records, api_key) if isinstance(records, str) else records
         self._api_key = api_key
         self._agents = {str(agent.id) for agent in crew.agents} if crew is not None else None
         self._flush_timeout = flush_timeout
@@ -130,7 +138,7 @@ class CrewTracer:
     def _source(self, call: Call) -> RecordSource | None:
         if self._records is not None or call.endpoint is None:
             return self._records
-        return HttpRecords(call.endpoint, self._api_key)
+        return http_records(call.endpoint, self._api_key)
 
     # Handlers (run on CrewAI's thread pool) ------------------------------------------------------
 

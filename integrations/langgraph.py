@@ -32,7 +32,15 @@ from uuid import UUID
 from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.trajectory import Trajectory
 
-from ._capture import Call, HttpRecords, RecordSource, ToolRun, build_trajectory, join_records, logger
+from ._capture import (
+    Call,
+    RecordSource,
+    ToolRun,
+    build_trajectory,
+    http_records,
+    join_records,
+    logger,
+)
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -98,9 +106,8 @@ class TrajectoryTracer(BaseCallbackHandler):
         """Failures inside the tracer itself (logged, never raised into the agent by default)."""
         self.trajectories: list[Trajectory] = []
         """Finished trajectories, in the order their runs ended."""
-        self._records = HttpRecords(records, api_key) if isinstance(records, str) else records
+        self._records = http_records(records, api_key) if isinstance(records, str) else records
         self._api_key = api_key
-        self._by_url: dict[str, HttpRecords] = {}
         self._by_run: dict[UUID, Trajectory] = {}
         self._active: dict[UUID, _Run] = {}
         self._root_of: dict[UUID, UUID] = {}
@@ -176,9 +183,7 @@ class TrajectoryTracer(BaseCallbackHandler):
             return self._records
         if call.endpoint is None:
             return None
-        if call.endpoint not in self._by_url:
-            self._by_url[call.endpoint] = HttpRecords(call.endpoint, self._api_key)
-        return self._by_url[call.endpoint]
+        return http_records(call.endpoint, self._api_key)
 
     # Chains (graph, nodes) ----------------------------------------------------------------------
 
