@@ -55,19 +55,35 @@ def gateway_root(base_url: str) -> str:
 
 
 class HttpRecords:
-    """Records read from a gateway over HTTP (``GET /records/<completion_id>``), on one kept-alive client."""
+    """Records read from a gateway over HTTP (``GET /records/<completion_id>``), on one kept-alive client.
+
+    An endpoint that answers like no journeyman gateway (a 404 without the gateway's error, a
+    401) is asked once: later lookups return None without a request.
+    """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
         self.root = gateway_root(base_url)
+        self.is_gateway: bool | None = None
+        """None until the first answer; False for an endpoint that is not a journeyman gateway."""
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.root, headers=headers, timeout=timeout)
 
     def get(self, completion_id: str) -> CompletionRecord | None:
+        if self.is_gateway is False:
+            return None
         response = self._client.get(f"/records/{completion_id}")
-        if response.status_code == 404:
+        if response.status_code == 200:
+            self.is_gateway = True
+            return CompletionRecord.model_validate_json(response.content)
+        if response.status_code == 404 and b'"not_found"' in response.content:
+            self.is_gateway = True
+            return None
+        if response.status_code in (401, 403, 404, 405):
+            self.is_gateway = False
+            logger.info("%s is not a journeyman gateway: its calls are kept without token ids", self.root)
             return None
         response.raise_for_status()
-        return CompletionRecord.model_validate_json(response.content)
+        return None
 
     def close(self) -> None:
         self._client.close()

@@ -21,6 +21,7 @@ from langgraph.prebuilt import ToolNode, create_react_agent
 import journeyman as jm
 from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.router import Router
+from journeyman.integrations._capture import http_records
 from journeyman.integrations.langgraph import TrajectoryTracer
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
@@ -281,3 +282,23 @@ def test_hand_built_graph_with_sub_graph_and_sub_agent(scripted: tuple[ScriptedM
     assert sub.messages[0].content == "What is 5 times 6?" and sub.messages[-1].content == "The answer is 30."
     assert all(t.is_token_exact for h in histories for t in h.model_turns)
     assert trajectory.metrics["llm_calls"] == 5 and trajectory.metrics["tool_calls"] == 2
+
+
+def test_calls_to_another_endpoint_keep_messages_and_are_flagged(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """A model served without the gateway: messages captured, no token ids, endpoint remembered."""
+    _, gateway = scripted
+    direct = gateway.gateway.router.server.base_url  # the scripted model itself, no gateway in front
+    llm = ChatOpenAI(model="m", base_url=f"{direct}/v1", api_key="-", temperature=0, max_retries=0)
+    tracer = TrajectoryTracer(raise_error=True)
+    create_react_agent(llm, [add]).invoke(_question(2, 3), config={"callbacks": [tracer]})
+    trajectory = tracer.trajectory
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[-1].content == "The answer is 5."
+    assert trajectory.metrics["calls_without_tokens"] == 2 and trajectory.metrics["token_exact_calls"] == 0
+    assert all(
+        t.completion_id and t.completion_id.startswith("chatcmpl-scripted") for t in trajectory.model_turns
+    )
+    assert sum("no gateway record" in line for line in trajectory.logs) == 2
+    assert http_records(f"{direct}/v1").is_gateway is False
