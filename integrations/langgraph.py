@@ -126,6 +126,13 @@ class TrajectoryTracer(BaseCallbackHandler):
                 )
             return self.trajectories[-1]
 
+    def pop_trajectories(self) -> list[Trajectory]:
+        """Hand over the finished trajectories and forget them (a long-lived tracer stays small)."""
+        with self._lock:
+            done, self.trajectories = self.trajectories, []
+            self._by_run.clear()
+            return done
+
     def trajectory_for(self, run_id: UUID | str) -> Trajectory:
         """The trajectory of one root run (set your own with ``config={"run_id": ...}``)."""
         key = UUID(str(run_id))

@@ -6,6 +6,7 @@ import asyncio
 import operator
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -302,3 +303,18 @@ def test_calls_to_another_endpoint_keep_messages_and_are_flagged(
     )
     assert sum("no gateway record" in line for line in trajectory.logs) == 2
     assert http_records(f"{direct}/v1").is_gateway is False
+
+
+def test_threads_share_one_tracer_and_pop_hands_over(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: agent.invoke(_question(i, 1), config={"callbacks": [tracer]}), range(8)))
+    trajectories = tracer.pop_trajectories()
+    assert sorted(str(t.messages[0].content) for t in trajectories) == sorted(
+        f"What is {i} plus 1?" for i in range(8)
+    )
+    for trajectory in trajectories:
+        a = int(str(trajectory.messages[0].content).split()[2])
+        _check_react(trajectory, gateway, a, 1)
+    assert tracer.trajectories == [] and tracer.errors == 0
