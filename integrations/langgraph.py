@@ -13,6 +13,9 @@ tool call and error is captured. When the run ends, each call is joined to the g
 by its completion id (``response_metadata["id"]``), so its model turn carries the exact prompt
 and completion token ids and logprobs. Conversations that diverge from the main one (a
 sub-graph or sub-agent with its own messages) become ``trajectory.additional_histories``.
+langchain-openai drops the completion id of token-streamed calls (``stream_mode="messages"``):
+those keep their messages only, flagged in ``metrics["calls_without_tokens"]``, unless the
+model is made with ``disable_streaming=True``.
 
 One tracer can watch many runs at once (``invoke``/``ainvoke``/``stream``/``astream``, threads
 or tasks); each root run gives one trajectory (:attr:`TrajectoryTracer.trajectories`,

@@ -157,6 +157,21 @@ def test_token_streaming_loses_the_id_and_is_flagged(scripted: tuple[ScriptedMod
     assert any("no gateway record" in line for line in trajectory.logs)
 
 
+def test_token_streaming_with_streaming_disabled_stays_token_exact(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """The workaround: ``disable_streaming=True`` keeps the id, and messages mode still streams messages."""
+    _, gateway = scripted
+    llm = ChatOpenAI(
+        model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0, disable_streaming=True
+    )
+    tracer = TrajectoryTracer(raise_error=True)
+    agent = create_react_agent(llm, [add, multiply])
+    chunks = list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
+    assert len(chunks) == 3
+    _check_react(tracer.trajectory, gateway, 2, 2)
+
+
 async def test_sixteen_concurrent_runs_do_not_mix(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
     _, gateway = scripted
     agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
