@@ -23,7 +23,8 @@ from typing import Any, Protocol
 import httpx
 from pydantic import ValidationError
 
-from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage, content_text
+from journeyman.errors import InvalidDataError
+from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
 from journeyman.records import CompletionRecord
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
@@ -154,16 +155,11 @@ def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
         for c in message.get("tool_calls") or []
     )
     content = message.get("content")
-    text = content if isinstance(content, str) else content_text(_parts(content))
-    return (message.get("role"), text or "", calls, message.get("tool_call_id"))
-
-
-def _parts(content: Any) -> Any:
-    if not isinstance(content, list):
-        return None
-    from journeyman.messages import ContentPart
-
-    return [ContentPart.model_validate(p) for p in content if isinstance(p, dict) and "type" in p]
+    if isinstance(content, list):
+        content = "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return (message.get("role"), content or "", calls, message.get("tool_call_id"))
 
 
 def _arguments(arguments: Any) -> Any:
@@ -223,7 +219,11 @@ def build_trajectory(
             best = len(histories) - 1
         history = histories[best]
         for message in messages[len(keys[best]) :]:
-            history.add(message)
+            try:
+                history.add(message)
+            except InvalidDataError as error:  # kept out, not fatal: the rest is still worth having
+                metrics["invalid_messages"] = metrics.get("invalid_messages", 0) + 1
+                trajectory.log(f"model call {number}: a message was left out: {error}")
         history.add(turn)
         if history.tools is None and tools:
             history.tools = _tools(tools)

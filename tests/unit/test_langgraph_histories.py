@@ -60,3 +60,11 @@ def test_gateway_root() -> None:
     assert gateway_root("http://h:1/v1") == "http://h:1"
     assert gateway_root("http://h:1/r/run-7/v1/") == "http://h:1"
     assert gateway_root("https://api.example.com/v1") == "https://api.example.com"
+
+
+def test_a_message_outside_the_schema_is_left_out_and_counted() -> None:
+    odd = {"role": "function", "name": "old_style", "content": "42"}
+    call = Call(messages=[USER, odd], reply={"role": "assistant", "content": "42"})
+    trajectory = build_trajectory([call])
+    assert [m.role for m in trajectory.messages] == ["user", "assistant"]
+    assert trajectory.metrics["invalid_messages"] == 1 and any("left out" in line for line in trajectory.logs)
