@@ -69,11 +69,11 @@ class _Completions:
         self._model_name = model_name
         self._send_rollout_id = send_rollout_id
 
-    def _prepare(self, kwargs: dict[str, Any]) -> tuple[_Rollout | None, Call | None]:
+    def _prepare(self, kwargs: dict[str, Any]) -> Call | None:
         kwargs.setdefault("model", self._model_name)
         rollout = _current.get()
         if rollout is None:
-            return None, None
+            return None
         if self._send_rollout_id:
             kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), ROLLOUT_HEADER: rollout.id}
         call = Call(
@@ -82,10 +82,10 @@ class _Completions:
         )
         with rollout.lock:
             rollout.calls.append(call)
-        return rollout, call
+        return call
 
     def create(self, **kwargs: Any) -> Any:
-        _, call = self._prepare(kwargs)
+        call = self._prepare(kwargs)
         if call is None:
             return self._inner.create(**kwargs)
         try:
@@ -170,6 +170,12 @@ class _AsyncStream:
             yield chunk
         self._assembler.done()
 
+    async def __aenter__(self) -> _AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.close()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
@@ -184,6 +190,12 @@ class _SyncStream:
             self._assembler.add(chunk)
             yield chunk
         self._assembler.done()
+
+    def __enter__(self) -> _SyncStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

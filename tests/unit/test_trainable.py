@@ -123,6 +123,34 @@ async def test_sync_agent_and_reward_function(scripted: Any, tmp_path: Path) -> 
     _check(trajectory, gateway, "What is 4 plus 4?", 8)
 
 
+async def test_async_stream_is_assembled(scripted: Any, tmp_path: Path) -> None:
+    _, _, gateway = scripted
+
+    async def streaming(scenario: dict[str, Any], client: AsyncOpenAI) -> float:
+        messages: list[Any] = [{"role": "user", "content": scenario["question"]}]
+        stream = await client.chat.completions.create(messages=messages, tools=TOOLS, stream=True)  # type: ignore[call-overload]
+        async with stream:
+            chunks = [chunk async for chunk in stream]
+        calls = [c for chunk in chunks for choice in chunk.choices for c in choice.delta.tool_calls or []]
+        return float(calls[0].function.name == "add")
+
+    trajectory = await jm.trainable(await _registered(gateway, tmp_path))(streaming)(
+        {"question": "What is 2 plus 3?"}
+    )
+    (turn,) = trajectory.model_turns
+    assert trajectory.reward == 1.0 and turn.is_token_exact
+    assert turn.message.tool_calls is not None and turn.message.tool_calls[0].function.parsed_arguments() == {
+        "a": 2,
+        "b": 3,
+    }
+    record = gateway.gateway.records.get(turn.completion_id or "")
+    assert (
+        record is not None
+        and record.stream
+        and turn.completion_token_ids == record.choices[0].completion_token_ids
+    )
+
+
 async def test_plain_model_captures_messages_without_tokens(scripted: Any, tmp_path: Path) -> None:
     _, upstream_url, _ = scripted
     model = jm.Model(name="external", project="test", inference_base_url=f"{upstream_url}/v1", root=tmp_path)
