@@ -126,3 +126,21 @@ def test_trajectory_before_exit_is_a_clear_error(crewai: Any) -> None:
 
     with pytest.raises(jm.ConfigError, match="block exits"):
         _ = CrewTracer().trajectory
+
+
+def test_unreachable_model_fails_the_crew_as_before_and_is_recorded(crewai: Any) -> None:
+    from journeyman.integrations.crewai import CrewTracer
+
+    llm = crewai.LLM(
+        model="openai/m", base_url="http://127.0.0.1:9/v1", api_key="-", max_retries=0, timeout=2
+    )
+    agent = crewai.Agent(role="Calculator", goal="Compute sums", backstory="Careful.", llm=llm, max_iter=1)
+    crew = crewai.Crew(
+        agents=[agent], tasks=[crewai.Task(description="Hi", expected_output="A word", agent=agent)]
+    )
+    with pytest.raises(Exception) as raised, CrewTracer(raise_error=True) as tracer:
+        crew.kickoff()
+    trajectory = tracer.trajectory
+    assert trajectory.metrics["llm_errors"] >= 1 and trajectory.metrics["llm_calls"] == 0
+    assert type(raised.value).__name__ in str(trajectory.metadata["error"])
+    assert any("failed" in line for line in trajectory.logs)
