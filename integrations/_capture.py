@@ -79,7 +79,16 @@ class HttpRecords:
         if response.status_code == 404 and b'"not_found"' in response.content:
             self.is_gateway = True
             return None
-        if response.status_code in (401, 403, 404, 405):
+        if response.status_code in (401, 403):
+            self.is_gateway = False
+            logger.warning(
+                "%s refused to hand out completion records (%d): calls to it are kept without token ids. "
+                "If it is `journeyman serve` with a token, give the tracer api_key=<that token>",
+                self.root,
+                response.status_code,
+            )
+            return None
+        if response.status_code in (404, 405):
             self.is_gateway = False
             logger.info("%s is not a journeyman gateway: its calls are kept without token ids", self.root)
             return None

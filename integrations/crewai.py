@@ -149,7 +149,8 @@ class CrewTracer:
             with self._lock:
                 handle(event, source)
         except Exception as error:
-            self.errors += 1
+            with self._lock:
+                self.errors += 1
             logger.warning("CrewTracer failed on %s: %r", type(event).__name__, error, exc_info=True)
             if self.raise_error:
                 raise
