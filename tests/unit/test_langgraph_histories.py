@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 import journeyman as jm
-from journeyman.integrations._capture import Call, ToolRun, build_trajectory, gateway_root
+from journeyman.integrations._capture import Call, HttpRecords, ToolRun, build_trajectory, gateway_root
+from tests.scripted_upstream import serve
 
 USER = {"role": "user", "content": "What is 2 plus 3?"}
 CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}
@@ -68,3 +77,21 @@ def test_a_message_outside_the_schema_is_left_out_and_counted() -> None:
     trajectory = build_trajectory([call])
     assert [m.role for m in trajectory.messages] == ["user", "assistant"]
     assert trajectory.metrics["invalid_messages"] == 1 and any("left out" in line for line in trajectory.logs)
+
+
+def test_a_refused_record_lookup_warns_once_and_is_not_repeated(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[str] = []
+
+    async def refuse(request: Request) -> Response:
+        seen.append(request.url.path)
+        return JSONResponse({"error": "unauthorized"}, status_code=401)
+
+    server = serve(Starlette(routes=[Route("/records/{id}", refuse)]))
+    try:
+        records = HttpRecords(f"{server.base_url}/r/run-1/v1")
+        with caplog.at_level(logging.WARNING):
+            assert records.get("chatcmpl-1") is None and records.get("chatcmpl-2") is None
+        assert seen == ["/records/chatcmpl-1"] and records.is_gateway is False
+        assert "api_key=" in caplog.text
+    finally:
+        server.stop()
