@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,21 @@ def test_unreachable_model_fails_the_crew_as_before_and_is_recorded(crewai: Any)
     assert trajectory.metrics["llm_errors"] >= 1 and trajectory.metrics["llm_calls"] == 0
     assert type(raised.value).__name__ in str(trajectory.metadata["error"])
     assert any("failed" in line for line in trajectory.logs)
+
+
+def test_concurrent_crews_are_kept_apart_by_crew(crewai: Any, scripted: GatewayThread) -> None:
+    from journeyman.integrations.crewai import CrewTracer
+
+    crews = [_crew(crewai, scripted), _crew(crewai, scripted, "What is 2 plus 3 again?")]
+
+    def run(crew: Any) -> Any:
+        with CrewTracer(crew=crew, raise_error=True) as tracer:
+            crew.kickoff()
+        return tracer.trajectory
+
+    with ThreadPoolExecutor(2) as pool:
+        trajectories = list(pool.map(run, crews))
+    for crew, trajectory in zip(crews, trajectories, strict=True):
+        assert [h.name for h in trajectory.histories] == ["Calculator", "Writer"]
+        assert crew.tasks[0].description in str(trajectory.messages[1].content)
+        assert trajectory.metrics["llm_calls"] == 3 and trajectory.metrics["token_exact_calls"] == 3
