@@ -45,11 +45,10 @@ def multiply(a: int, b: int) -> int:
 
 
 @pytest.fixture
-def scripted() -> Iterator[tuple[ScriptedModel, GatewayThread]]:
+def scripted(tmp_path: Path) -> Iterator[tuple[ScriptedModel, GatewayThread]]:
     model = ScriptedModel()
     upstream = serve(model.app())
-    tmp = Path(f"/tmp/jm-langgraph-{uuid.uuid4().hex}")
-    tmp.mkdir()
+    tmp = tmp_path
     gateway = GatewayThread(
         Gateway(Router(ScriptedServer(upstream.base_url, log_dir=tmp)), RecordLog(tmp / "records.jsonl"))
     ).start()
