@@ -45,7 +45,7 @@ try:
 except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
-from . import fused_lora  # noqa: E402  (needs torch)
+from . import fused_lora  # after the torch check
 
 __all__ = ["StepResult", "Trainer"]
 

@@ -15,7 +15,14 @@ from pathlib import Path
 from bench.common import machine
 
 RESULTS = Path(__file__).with_name("results.md")
-SCRIPTS = ["gateway_overhead", "redeploy_latency", "rollout_throughput", "train_throughput", "rl_step"]
+SCRIPTS = [
+    "gateway_overhead",
+    "redeploy_latency",
+    "rollout_throughput",
+    "train_throughput",
+    "rl_step",
+    "tracer_overhead",
+]
 
 
 def main() -> None:

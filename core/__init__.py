@@ -4,6 +4,8 @@
 Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and their extras.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.data import DatasetBatch, iterate_dataset
 from journeyman.errors import (
@@ -43,7 +45,20 @@ from journeyman.ruler import DEFAULT_RUBRIC, Judgement, Score, judge_trajectorie
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
+if TYPE_CHECKING:
+    from journeyman.integrations.trainable import trainable
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: @jm.trainable lives with the other integrations.
+    if name == "trainable":
+        from journeyman.integrations.trainable import trainable
+
+        return trainable
+    raise AttributeError(f"module 'journeyman' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -98,4 +113,5 @@ __all__ = [
     "retry",
     "ruler",
     "ruler_score_group",
+    "trainable",
 ]

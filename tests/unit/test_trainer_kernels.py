@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from journeyman.backend import fused_lora  # noqa: E402
-from journeyman.backend.trainer import _chunk_logprobs, _ChosenLogprobs  # noqa: E402
+from journeyman.backend.trainer import _ChosenLogprobs, _chunk_logprobs  # noqa: E402
 
 
 def test_chosen_logprobs_match_autograd_through_the_full_logits() -> None:

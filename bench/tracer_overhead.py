@@ -1,0 +1,141 @@
+"""TrajectoryTracer overhead: the same LangGraph runs with and without the callback.
+
+Two set-ups, each alternating traced and untraced runs so both see the same machine state:
+
+1. an in-process scripted chat model (no network): what the callbacks and the trajectory
+   building cost per LLM call, with nothing else to hide behind;
+2. a ReAct agent (``create_react_agent``, ``ChatOpenAI``) calling the real gateway in front of
+   a scripted OpenAI-compatible model: per run, including the record lookups (in process, and
+   over HTTP from the gateway).
+
+Target: <= 1 ms per LLM call and <= 2% of run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import create_react_agent
+
+from bench.common import machine, table
+from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.router import Router
+from journeyman.integrations.langgraph import TrajectoryTracer
+from tests.scripted_agent import ScriptedModel
+from tests.scripted_upstream import ScriptedServer, serve
+
+warnings.filterwarnings("ignore", message="create_react_agent has been moved")
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def in_process_graph(calls: int) -> Any:
+    """A loop of ``calls`` chat-model calls, each followed by a tool call."""
+    model = FakeMessagesListChatModel(responses=[AIMessage("thinking")])
+
+    def think(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    def act(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [HumanMessage(str(add.invoke({"a": len(state["messages"]), "b": 1})))]}
+
+    def more(state: MessagesState) -> str:
+        return "act" if len(state["messages"]) < 2 * calls else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("think", think)
+    builder.add_node("act", act)
+    builder.add_edge(START, "think")
+    builder.add_conditional_edges("think", more, ["act", END])
+    builder.add_edge("act", "think")
+    return builder.compile()
+
+
+def alternate(
+    run: Callable[[list[Any]], None], tracer: Callable[[], Any], runs: int
+) -> tuple[list[float], list[float]]:
+    plain, traced = [], []
+    for _ in range(3):
+        run([])
+        run([tracer()])
+    for _ in range(runs):
+        start = time.perf_counter()
+        run([])
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        run([tracer()])
+        traced.append(time.perf_counter() - start)
+    return plain, traced
+
+
+def row(name: str, plain: list[float], traced: list[float], calls: int) -> tuple[str, ...]:
+    base, with_tracer = statistics.median(plain), statistics.median(traced)
+    added = with_tracer - base
+    return (
+        name,
+        f"{base * 1000:.2f}",
+        f"{with_tracer * 1000:.2f}",
+        f"{added / calls * 1000:.3f}",
+        f"{added / base * 100:.1f}%",
+    )
+
+
+def measure(runs: int, calls: int) -> str:
+    rows = []
+    graph = in_process_graph(calls)
+    inputs = {"messages": [HumanMessage("go")]}
+    plain, traced = alternate(
+        lambda cb: graph.invoke(inputs, config={"callbacks": cb}), TrajectoryTracer, runs
+    )
+    rows.append(row(f"in-process scripted model, {calls} LLM + {calls - 1} tool calls", plain, traced, calls))
+
+    model = ScriptedModel()
+    upstream = serve(model.app())
+    with tempfile.TemporaryDirectory() as tmp:
+        records = RecordLog(Path(tmp) / "records.jsonl")
+        server = ScriptedServer(upstream.base_url, log_dir=Path(tmp))
+        with GatewayThread(Gateway(Router(server), records)) as gateway:
+            llm = ChatOpenAI(model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
+            agent = create_react_agent(llm, [add])
+            question = {"messages": [("user", "What is 2 plus 3?")]}
+
+            def react(callbacks: list[Any]) -> None:
+                agent.invoke(question, config={"callbacks": callbacks})
+
+            plain, traced = alternate(react, lambda: TrajectoryTracer(records), runs)
+            rows.append(
+                row("ReAct agent via the gateway, records in process (2 LLM calls)", plain, traced, 2)
+            )
+            plain, traced = alternate(react, TrajectoryTracer, runs)
+            rows.append(row("ReAct agent via the gateway, records over HTTP (2 LLM calls)", plain, traced, 2))
+        records.close()
+    upstream.stop()
+    return (
+        f"### TrajectoryTracer overhead (median of {runs} alternating runs; {machine()})\n\n"
+        + table(["graph", "untraced ms", "traced ms", "added ms per LLM call", "added share"], rows)
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=10)
+    arguments = parser.parse_args()
+    print(measure(arguments.runs, arguments.calls))

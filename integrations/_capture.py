@@ -1,0 +1,298 @@
+"""What the framework integrations share: captured calls, gateway records, building trajectories.
+
+An integration sees each model call from the agent's side: the messages the framework sent, the
+tools it bound, the reply and the completion id. :func:`build_trajectory` joins those calls to
+the gateway's records by completion id (for the exact prompt and sampled tokens), then chains
+them into conversations: a call whose messages continue an earlier conversation extends it, a
+call that does not (a sub-agent, a summarised context, a second crew member) starts another
+history. Calls without a record (another endpoint, a streamed call whose id the framework
+dropped) keep their messages only and are counted in ``metrics["calls_without_tokens"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+from pydantic import ValidationError
+
+from journeyman.errors import InvalidDataError
+from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
+from journeyman.records import CompletionRecord
+from journeyman.trajectory import History, Trajectory, format_validation_error
+
+__all__ = [
+    "Call",
+    "HttpRecords",
+    "RecordSource",
+    "ToolRun",
+    "build_trajectory",
+    "gateway_root",
+    "http_records",
+]
+
+logger = logging.getLogger("journeyman.integrations")
+
+
+class RecordSource(Protocol):
+    """Where completion records are looked up: the gateway's ``RecordLog`` or :class:`HttpRecords`."""
+
+    def get(self, completion_id: str) -> CompletionRecord | None: ...
+
+
+_ROLLOUT_SUFFIX = re.compile(r"(/r/[^/]+)?/v1/?$")
+
+
+def gateway_root(base_url: str) -> str:
+    """``http://host:port`` from an OpenAI base URL of the gateway (``.../v1`` or ``.../r/<id>/v1``)."""
+    return _ROLLOUT_SUFFIX.sub("", base_url.rstrip("/"))
+
+
+class HttpRecords:
+    """Records read from a gateway over HTTP (``GET /records/<completion_id>``), on one kept-alive client.
+
+    An endpoint that answers like no journeyman gateway (a 404 without the gateway's error, a
+    401) is asked once: later lookups return None without a request.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
+        self.root = gateway_root(base_url)
+        self.is_gateway: bool | None = None
+        """None until the first answer; False for an endpoint that is not a journeyman gateway."""
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.root, headers=headers, timeout=timeout)
+
+    def get(self, completion_id: str) -> CompletionRecord | None:
+        if self.is_gateway is False:
+            return None
+        response = self._client.get(f"/records/{completion_id}")
+        if response.status_code == 200:
+            self.is_gateway = True
+            return CompletionRecord.model_validate_json(response.content)
+        if response.status_code == 404 and b'"not_found"' in response.content:
+            self.is_gateway = True
+            return None
+        if response.status_code in (401, 403):
+            self.is_gateway = False
+            logger.warning(
+                "%s refused to hand out completion records (%d): calls to it are kept without token ids. "
+                "If it is `journeyman serve` with a token, give the tracer api_key=<that token>",
+                self.root,
+                response.status_code,
+            )
+            return None
+        if response.status_code in (404, 405):
+            self.is_gateway = False
+            logger.info("%s is not a journeyman gateway: its calls are kept without token ids", self.root)
+            return None
+        response.raise_for_status()
+        return None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+_shared: dict[tuple[str, str | None], HttpRecords] = {}
+_shared_lock = threading.Lock()
+
+
+def http_records(base_url: str, api_key: str | None = None) -> HttpRecords:
+    """The process-wide :class:`HttpRecords` for a gateway (tracers made per run share its connections)."""
+    key = (gateway_root(base_url), api_key)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = HttpRecords(base_url, api_key)
+        return _shared[key]
+
+
+@dataclass
+class Call:
+    """One model call as the agent's framework saw it."""
+
+    messages: list[dict[str, Any]]
+    """The request's messages in OpenAI format."""
+    tools: list[dict[str, Any]] | None = None
+    name: str | None = None
+    """Node, agent role or sub-agent that made the call."""
+    reply: dict[str, Any] | None = None
+    """The assistant message in OpenAI format; None while running or when the call failed."""
+    completion_id: str | None = None
+    error: str | None = None
+    endpoint: str | None = None
+    """The OpenAI base URL the call went to, when known (its gateway holds the record)."""
+    record: CompletionRecord | None = None
+    """The gateway's record, once joined."""
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class ToolRun:
+    """One tool execution: its call id, name, arguments and result or error."""
+
+    name: str
+    tool_call_id: str | None = None
+    arguments: Any = None
+    output: str | None = None
+    error: str | None = None
+
+
+def join_records(calls: Iterable[Call], source: RecordSource | None) -> int:
+    """Attach each call's gateway record; returns how many lookups failed (logged)."""
+    failures = 0
+    for call in calls:
+        if call.record is not None or call.completion_id is None or source is None:
+            continue
+        try:
+            call.record = source.get(call.completion_id)
+        except Exception as error:
+            failures += 1
+            logger.warning("could not read the record of %s: %r", call.completion_id, error)
+    return failures
+
+
+def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two renderings of a message the same message (ids, names and formatting aside)."""
+    calls = tuple(
+        (c.get("function", {}).get("name"), _arguments(c.get("function", {}).get("arguments")))
+        for c in message.get("tool_calls") or []
+    )
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return (message.get("role"), content or "", calls, message.get("tool_call_id"))
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.dumps(json.loads(arguments), sort_keys=True)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True)
+
+
+def _dump(message: AssistantMessage) -> dict[str, Any]:
+    return message.model_dump(exclude_none=True)
+
+
+def build_trajectory(
+    calls: list[Call], tool_runs: Iterable[ToolRun] = (), *, trajectory: Trajectory | None = None
+) -> Trajectory:
+    """Chain the calls (in start order) into histories; fill ``trajectory`` (or a new one)."""
+    trajectory = trajectory if trajectory is not None else Trajectory()
+    histories: list[History] = []
+    keys: list[list[tuple[Any, ...]]] = []
+    metrics = {"llm_calls": 0, "token_exact_calls": 0, "calls_without_tokens": 0, "llm_errors": 0}
+    versions: list[int] = []
+    for number, call in enumerate(sorted(calls, key=lambda c: c.started)):
+        record = call.record
+        if call.reply is None and record is None:
+            metrics["llm_errors"] += 1
+            trajectory.log(f"model call {number} ({call.name or 'unnamed'}) failed: {call.error}")
+            continue
+        metrics["llm_calls"] += 1
+        if record is not None and record.choices:
+            messages = record.messages if record.messages is not None else call.messages
+            tools = record.tools if record.tools is not None else call.tools
+            turn = record.model_turn()
+            if record.policy_version is not None:
+                versions.append(record.policy_version)
+        else:
+            messages, tools = call.messages, call.tools
+            turn = _untracked_turn(call)
+            trajectory.log(
+                f"model call {number} ({call.name or 'unnamed'}) has no gateway record "
+                f"(completion id {call.completion_id}): messages only, no token ids"
+            )
+        if turn.is_token_exact:
+            metrics["token_exact_calls"] += 1
+        else:
+            metrics["calls_without_tokens"] += 1
+        key = [_key(m) for m in messages]
+        best: int | None = None
+        for index, known in enumerate(keys):
+            if key[: len(known)] == known and (best is None or len(known) > len(keys[best])):
+                best = index
+        if best is None:
+            histories.append(History(name=call.name, tools=_tools(tools)))
+            keys.append([])
+            best = len(histories) - 1
+        history = histories[best]
+        for message in messages[len(keys[best]) :]:
+            try:
+                history.add(message)
+            except InvalidDataError as error:  # kept out, not fatal: the rest is still worth having
+                metrics["invalid_messages"] = metrics.get("invalid_messages", 0) + 1
+                trajectory.log(f"model call {number}: a message was left out: {error}")
+        history.add(turn)
+        if history.tools is None and tools:
+            history.tools = _tools(tools)
+        keys[best] = [*key, _key(_dump(turn.message))]
+
+    tool_metrics = _add_tool_results(histories, keys, tool_runs, trajectory)
+    if histories:
+        main, *rest = histories
+        trajectory.name = trajectory.name or main.name
+        trajectory.conversation = main.conversation
+        trajectory.tools = main.tools
+        trajectory.additional_histories = rest
+    if versions:
+        trajectory.initial_policy_version, trajectory.final_policy_version = versions[0], versions[-1]
+    trajectory.metrics.update(metrics)
+    trajectory.metrics.update(tool_metrics)
+    return trajectory
+
+
+def _tools(tools: list[dict[str, Any]] | None) -> Any:
+    return list(tools) if tools else None
+
+
+def _untracked_turn(call: Call) -> ModelTurn:
+    reply = {k: v for k, v in (call.reply or {}).items() if k in AssistantMessage.model_fields}
+    reply.pop("role", None)
+    try:
+        message = AssistantMessage.model_validate({"role": "assistant", **reply})
+    except ValidationError as error:
+        logger.warning("%s", format_validation_error(error, "assistant reply"))
+        message = AssistantMessage(content=str(reply.get("content") or ""))
+    return ModelTurn(message=message, completion_id=call.completion_id)
+
+
+def _add_tool_results(
+    histories: list[History],
+    keys: list[list[tuple[Any, ...]]],
+    tool_runs: Iterable[ToolRun],
+    trajectory: Trajectory,
+) -> dict[str, int]:
+    """Append tool results no later model call saw (the run ended, or the agent stopped on an error)."""
+    runs = list(tool_runs)
+    errors = 0
+    for run in runs:
+        if run.error is not None:
+            errors += 1
+            trajectory.log(f"tool {run.name} ({run.tool_call_id}) raised {run.error}")
+        if run.tool_call_id is None:
+            continue
+        for history, key in zip(histories, keys, strict=True):
+            last = history.model_turns[-1] if history.model_turns else None
+            calls = (last.message.tool_calls or []) if last is not None else []
+            if not any(c.id == run.tool_call_id for c in calls):
+                continue
+            answered = any(
+                isinstance(m, ToolMessage) and m.tool_call_id == run.tool_call_id for m in history.messages
+            )
+            if not answered:
+                content = run.output if run.error is None else f"Error: {run.error}"
+                message = {"role": "tool", "tool_call_id": run.tool_call_id, "content": content or ""}
+                history.add(message)
+                key.append(_key(message))
+    return {"tool_calls": len(runs), "tool_errors": errors}

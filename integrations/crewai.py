@@ -1,0 +1,223 @@
+"""Capture CrewAI crews as trajectories.
+
+::
+
+    from journeyman.integrations.crewai import CrewTracer
+
+    with CrewTracer() as tracer:                # the one line
+        crew.kickoff(inputs=...)
+    trajectory = tracer.trajectory
+
+The tracer listens on ``crewai_event_bus`` while the block runs: LLM calls (started, completed,
+failed) and tool usage (started, finished, error). On exit it flushes the bus (handlers run on
+a thread pool), unregisters, joins each call to the gateway's record by its ``response_id`` and
+builds the trajectory: one history per agent of the crew (each agent keeps its own
+conversation), token-exact where the call went through journeyman's gateway.
+
+The bus is process-wide: give ``crew=`` to keep only the events of that crew's agents when
+several crews run at once. Run CrewAI offline with ``CREWAI_DISABLE_TELEMETRY=true`` and
+``CREWAI_TRACING_ENABLED=false`` (never ``OTEL_SDK_DISABLED``, which also silences Langfuse).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from journeyman.errors import ConfigError, MissingDependencyError
+from journeyman.messages import AssistantMessage
+from journeyman.trajectory import Trajectory
+
+from ._capture import (
+    Call,
+    RecordSource,
+    ToolRun,
+    build_trajectory,
+    http_records,
+    join_records,
+    logger,
+)
+
+try:
+    from crewai.events import (
+        LLMCallCompletedEvent,
+        LLMCallFailedEvent,
+        LLMCallStartedEvent,
+        ToolUsageErrorEvent,
+        ToolUsageFinishedEvent,
+        ToolUsageStartedEvent,
+        crewai_event_bus,
+    )
+except ImportError as error:  # pragma: no cover - depends on the installed extras
+    raise MissingDependencyError("crewai", "crewai", "journeyman.integrations.crewai") from error
+
+__all__ = ["CrewTracer"]
+
+_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+
+
+class CrewTracer:
+    """Records a crew's LLM calls and tool runs while the ``with`` block runs.
+
+    ``records``: the gateway's ``RecordLog``, a gateway URL, or None to ask the gateway each LLM
+    points at (its ``base_url``). ``crew``: keep only events from this crew's agents.
+    """
+
+    def __init__(
+        self,
+        records: RecordSource | str | None = None,
+        *,
+        api_key: str | None = None,
+        crew: Any = None,
+        raise_error: bool = False,
+        flush_timeout: float = 30.0,
+    ) -> None:
+        self.raise_error = raise_error
+        self.errors = 0
+        """Failures inside the tracer's handlers (logged and counted, never raised into the crew)."""
+        self._records = http_records(records, api_key) if isinstance(records, str) else records
+        self._api_key = api_key
+        self._agents = {str(agent.id) for agent in crew.agents} if crew is not None else None
+        self._flush_timeout = flush_timeout
+        self._calls: dict[str, Call] = {}
+        self._tools: dict[str, ToolRun] = {}
+        self._lock = threading.Lock()
+        self._trajectory: Trajectory | None = None
+        self._handlers: list[tuple[type[Any], Callable[[Any, Any], None]]] = [
+            (LLMCallStartedEvent, self._on_llm_started),
+            (LLMCallCompletedEvent, self._on_llm_completed),
+            (LLMCallFailedEvent, self._on_llm_failed),
+            (ToolUsageStartedEvent, self._on_tool_started),
+            (ToolUsageFinishedEvent, self._on_tool_finished),
+            (ToolUsageErrorEvent, self._on_tool_error),
+        ]
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The crew's trajectory, built when the ``with`` block exited."""
+        if self._trajectory is None:
+            raise ConfigError("the trajectory is built when the `with CrewTracer() as tracer:` block exits")
+        return self._trajectory
+
+    def __enter__(self) -> CrewTracer:
+        for event_type, handler in self._handlers:
+            crewai_event_bus.on(event_type)(handler)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            if not crewai_event_bus.flush(timeout=self._flush_timeout):
+                logger.warning("CrewAI event handlers still running after %.0f s", self._flush_timeout)
+        finally:
+            for event_type, handler in self._handlers:
+                crewai_event_bus.off(event_type, handler)
+        try:
+            self._trajectory = self._build(error)
+        except Exception as failure:
+            self.errors += 1
+            logger.warning("CrewTracer could not build the trajectory: %r", failure, exc_info=True)
+            if self.raise_error:
+                raise
+
+    def _build(self, error: BaseException | None) -> Trajectory:
+        trajectory = Trajectory()
+        if error is not None:
+            trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
+            trajectory.log(f"the crew raised {type(error).__name__}: {error}")
+        calls = list(self._calls.values())
+        failed = sum(join_records([c], self._source(c)) for c in calls)
+        if failed:
+            trajectory.metrics["record_lookup_errors"] = failed
+        build_trajectory(calls, self._tools.values(), trajectory=trajectory)
+        return trajectory.finish()
+
+    def _source(self, call: Call) -> RecordSource | None:
+        if self._records is not None or call.endpoint is None:
+            return self._records
+        return http_records(call.endpoint, self._api_key)
+
+    # Handlers (run on CrewAI's thread pool) ------------------------------------------------------
+
+    def _guard(self, handle: Any, event: Any, source: Any = None) -> None:
+        if self._agents is not None and getattr(event, "agent_id", None) not in self._agents:
+            return
+        try:
+            with self._lock:
+                handle(event, source)
+        except Exception as error:
+            with self._lock:
+                self.errors += 1
+            logger.warning("CrewTracer failed on %s: %r", type(event).__name__, error, exc_info=True)
+            if self.raise_error:
+                raise
+
+    def _on_llm_started(self, source: Any, event: LLMCallStartedEvent) -> None:
+        def handle(event: LLMCallStartedEvent, source: Any) -> None:
+            messages = event.messages
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
+            endpoint = getattr(source, "base_url", None)
+            self._calls[event.call_id] = Call(
+                messages=[{k: v for k, v in m.items() if k in _MESSAGE_KEYS} for m in messages or []],
+                tools=event.tools,
+                name=event.agent_role,
+                endpoint=endpoint if isinstance(endpoint, str) else None,
+                started=event.timestamp.timestamp(),
+            )
+
+        self._guard(handle, event, source)
+
+    def _on_llm_completed(self, source: Any, event: LLMCallCompletedEvent) -> None:
+        def handle(event: LLMCallCompletedEvent, _: Any) -> None:
+            call = self._calls.get(event.call_id)
+            if call is None:
+                return
+            call.completion_id = event.response_id
+            response = event.response
+            if isinstance(response, list):
+                calls = [c if isinstance(c, dict) else getattr(c, "model_dump", dict)() for c in response]
+                call.reply = {"role": "assistant", "content": None, "tool_calls": calls}
+            elif isinstance(response, AssistantMessage):
+                call.reply = response.model_dump(exclude_none=True)
+            else:
+                call.reply = {"role": "assistant", "content": str(response)}
+
+        self._guard(handle, event)
+
+    def _on_llm_failed(self, source: Any, event: LLMCallFailedEvent) -> None:
+        def handle(event: LLMCallFailedEvent, _: Any) -> None:
+            if (call := self._calls.get(event.call_id)) is not None:
+                call.error = event.error
+
+        self._guard(handle, event)
+
+    def _on_tool_started(self, source: Any, event: ToolUsageStartedEvent) -> None:
+        def handle(event: ToolUsageStartedEvent, _: Any) -> None:
+            self._tools[event.event_id] = ToolRun(name=event.tool_name, arguments=event.tool_args)
+
+        self._guard(handle, event)
+
+    def _tool(self, event: Any) -> ToolRun:
+        run = self._tools.get(event.started_event_id or "")
+        if run is None:  # no start event seen (e.g. an input validation error)
+            run = self._tools[event.event_id] = ToolRun(name=event.tool_name, arguments=event.tool_args)
+        return run
+
+    def _on_tool_finished(self, source: Any, event: ToolUsageFinishedEvent) -> None:
+        def handle(event: ToolUsageFinishedEvent, _: Any) -> None:
+            run = self._tool(event)
+            run.output = str(event.output)
+            if event.failure is not None:
+                run.error = str(event.failure)
+
+        self._guard(handle, event)
+
+    def _on_tool_error(self, source: Any, event: ToolUsageErrorEvent) -> None:
+        def handle(event: ToolUsageErrorEvent, _: Any) -> None:
+            self._tool(event).error = str(event.error)
+
+        self._guard(handle, event)

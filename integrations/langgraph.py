@@ -1,0 +1,314 @@
+"""Capture LangGraph and LangChain runs as trajectories with one callback.
+
+::
+
+    from journeyman.integrations.langgraph import TrajectoryTracer
+
+    tracer = TrajectoryTracer()
+    result = graph.invoke(inputs, config={"callbacks": [tracer]})   # the one line
+    trajectory = tracer.trajectory                                   # finished when the run ended
+
+Every chat-model call (the messages as sent, the bound tools, the reply and its tool calls),
+tool call and error is captured. When the run ends, each call is joined to the gateway's record
+by its completion id (``response_metadata["id"]``), so its model turn carries the exact prompt
+and completion token ids and logprobs. Conversations that diverge from the main one (a
+sub-graph or sub-agent with its own messages) become ``trajectory.additional_histories``.
+langchain-openai drops the completion id of token-streamed calls (``stream_mode="messages"``):
+those keep their messages only, flagged in ``metrics["calls_without_tokens"]``, unless the
+model is made with ``disable_streaming=True``.
+
+One tracer can watch many runs at once (``invoke``/``ainvoke``/``stream``/``astream``, threads
+or tasks); each root run gives one trajectory (:attr:`TrajectoryTracer.trajectories`,
+:meth:`TrajectoryTracer.trajectory_for`). Tracing never raises into the agent: its own errors
+are logged and counted in :attr:`TrajectoryTracer.errors` (``raise_error=True`` raises them).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+from uuid import UUID
+
+from journeyman.errors import ConfigError, MissingDependencyError
+from journeyman.trajectory import Trajectory
+
+from ._capture import (
+    Call,
+    RecordSource,
+    ToolRun,
+    build_trajectory,
+    http_records,
+    join_records,
+    logger,
+)
+
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import BaseMessage, convert_to_openai_messages
+    from langchain_core.outputs import ChatGeneration, LLMResult
+except ImportError as error:  # pragma: no cover - depends on the installed extras
+    raise MissingDependencyError(
+        "langchain-core", "langgraph", "journeyman.integrations.langgraph"
+    ) from error
+
+__all__ = ["TrajectoryTracer"]
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _guarded(method: F) -> F:
+    """Run a callback so that a bug in tracing never reaches the agent (unless raise_error)."""
+
+    @functools.wraps(method)
+    def wrapper(self: TrajectoryTracer, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except Exception as error:
+            with self._lock:
+                self.errors += 1
+            logger.warning("TrajectoryTracer.%s failed: %r", method.__name__, error, exc_info=True)
+            if self.raise_error:
+                raise
+
+    return cast(F, wrapper)
+
+
+@dataclass
+class _Run:
+    """What one root run captured so far."""
+
+    trajectory: Trajectory
+    runs: set[UUID] = field(default_factory=set)
+    calls: dict[UUID, Call] = field(default_factory=dict)
+    tools: dict[UUID, ToolRun] = field(default_factory=dict)
+
+
+class TrajectoryTracer(BaseCallbackHandler):
+    """A LangChain callback handler that turns each root run into a :class:`~journeyman.Trajectory`.
+
+    ``records`` is where completion records are read: the gateway's ``RecordLog`` (in process),
+    a gateway URL, or None to ask the gateway each chat model points at (its ``base_url``).
+    ``api_key`` authenticates those reads against ``journeyman serve``.
+    """
+
+    run_inline = True  # cheap handlers: run them in the caller's thread, in event order
+
+    def __init__(
+        self,
+        records: RecordSource | str | None = None,
+        *,
+        api_key: str | None = None,
+        raise_error: bool = False,
+    ) -> None:
+        super().__init__()
+        self.raise_error = raise_error
+        self.errors = 0
+        """Failures inside the tracer itself (logged, never raised into the agent by default)."""
+        self.trajectories: list[Trajectory] = []
+        """Finished trajectories, in the order their runs ended."""
+        self._records = http_records(records, api_key) if isinstance(records, str) else records
+        self._api_key = api_key
+        self._by_run: dict[UUID, Trajectory] = {}
+        self._active: dict[UUID, _Run] = {}
+        self._root_of: dict[UUID, UUID] = {}
+        self._lock = threading.Lock()
+
+    # Results ------------------------------------------------------------------------------------
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The trajectory of the run that ended last."""
+        with self._lock:
+            if not self.trajectories:
+                raise ConfigError(
+                    "no traced run has finished yet: pass the tracer as "
+                    "config={'callbacks': [tracer]} and read it after invoke/stream returns"
+                )
+            return self.trajectories[-1]
+
+    def pop_trajectories(self) -> list[Trajectory]:
+        """Hand over the finished trajectories and forget them (a long-lived tracer stays small)."""
+        with self._lock:
+            done, self.trajectories = self.trajectories, []
+            self._by_run.clear()
+            return done
+
+    def trajectory_for(self, run_id: UUID | str) -> Trajectory:
+        """The trajectory of one root run (set your own with ``config={"run_id": ...}``)."""
+        key = UUID(str(run_id))
+        with self._lock:
+            if key not in self._by_run:
+                raise KeyError(f"no finished run {key} (running: {key in self._active})")
+            return self._by_run[key]
+
+    # Run tree -----------------------------------------------------------------------------------
+
+    def _start(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any] | None) -> _Run:
+        root = self._root_of.get(parent_run_id) if parent_run_id is not None else None
+        if root is None:
+            root = run_id
+            trajectory = Trajectory()
+            trajectory.metadata["run_id"] = str(run_id)
+            for key, value in (metadata or {}).items():
+                if isinstance(value, str | int | float | bool) and not key.startswith("ls_"):
+                    trajectory.metadata.setdefault(key, value)
+            self._active[root] = _Run(trajectory)
+        run = self._active[root]
+        run.runs.add(run_id)
+        self._root_of[run_id] = root
+        return run
+
+    def _run(self, run_id: UUID) -> _Run | None:
+        root = self._root_of.get(run_id)
+        return self._active.get(root) if root is not None else None
+
+    def _end(self, run_id: UUID, error: BaseException | None = None) -> None:
+        """Finish the trajectory when ``run_id`` is a root run."""
+        with self._lock:
+            run = self._active.get(run_id)
+            if run is None:
+                return
+            del self._active[run_id]
+            for child in run.runs:
+                self._root_of.pop(child, None)
+        trajectory = run.trajectory
+        if error is not None:
+            trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
+            trajectory.log(f"the run raised {type(error).__name__}: {error}")
+        calls = list(run.calls.values())
+        failed = sum(join_records([c], self._source(c)) for c in calls)
+        if failed:
+            trajectory.metrics["record_lookup_errors"] = failed
+        build_trajectory(calls, run.tools.values(), trajectory=trajectory)
+        trajectory.finish()
+        with self._lock:
+            self.trajectories.append(trajectory)
+            self._by_run[run_id] = trajectory
+
+    def _source(self, call: Call) -> RecordSource | None:
+        if self._records is not None:
+            return self._records
+        if call.endpoint is None:
+            return None
+        return http_records(call.endpoint, self._api_key)
+
+    # Chains (graph, nodes) ----------------------------------------------------------------------
+
+    @_guarded
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        with self._lock:
+            self._start(run_id, parent_run_id, metadata)
+
+    @_guarded
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._end(run_id)
+
+    @_guarded
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._end(run_id, error)
+
+    # Chat models --------------------------------------------------------------------------------
+
+    @_guarded
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any] | None,
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        invocation_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        sent = convert_to_openai_messages(messages[0]) if messages else []
+        params = invocation_params or {}
+        constructor = (serialized or {}).get("kwargs") or {}
+        endpoint = constructor.get("openai_api_base") or constructor.get("base_url")
+        call = Call(
+            messages=list(sent) if isinstance(sent, list) else [sent],
+            tools=params.get("tools"),
+            name=(metadata or {}).get("langgraph_node") or kwargs.get("name"),
+            endpoint=endpoint if isinstance(endpoint, str) else None,
+        )
+        with self._lock:
+            self._start(run_id, parent_run_id, metadata).calls[run_id] = call
+
+    @_guarded
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            call = run.calls.get(run_id) if run is not None else None
+        if call is not None and response.generations and response.generations[0]:
+            generation = response.generations[0][0]
+            if isinstance(generation, ChatGeneration):
+                message = generation.message
+                reply = convert_to_openai_messages(message)
+                call.reply = reply if isinstance(reply, dict) else None
+                call.completion_id = message.response_metadata.get("id") or (response.llm_output or {}).get(
+                    "id"
+                )
+            else:
+                call.reply = {"role": "assistant", "content": generation.text}
+        self._end(run_id)
+
+    @_guarded
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            call = run.calls.get(run_id) if run is not None else None
+        if call is not None:
+            call.error = f"{type(error).__name__}: {error}"
+        self._end(run_id, error)
+
+    # Tools --------------------------------------------------------------------------------------
+
+    @_guarded
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
+        tool = ToolRun(name=str(name), tool_call_id=kwargs.get("tool_call_id"), arguments=inputs or input_str)
+        with self._lock:
+            self._start(run_id, parent_run_id, metadata).tools[run_id] = tool
+
+    @_guarded
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            tool = run.tools.get(run_id) if run is not None else None
+        if tool is not None:
+            content = getattr(output, "content", output)
+            tool.output = content if isinstance(content, str) else str(content)
+            if getattr(output, "status", None) == "error":
+                tool.error = tool.output
+        self._end(run_id)
+
+    @_guarded
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            tool = run.tools.get(run_id) if run is not None else None
+        if tool is not None:
+            tool.error = f"{type(error).__name__}: {error}"
+        self._end(run_id, error)

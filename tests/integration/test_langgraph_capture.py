@@ -1,0 +1,225 @@
+"""TrajectoryTracer on real LangGraph agents calling the real vLLM server through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import create_react_agent
+
+import journeyman as jm
+from journeyman.backend.gateway import GatewayThread
+from journeyman.integrations.langgraph import TrajectoryTracer
+from tests.integration.conftest import SERVED_BASE
+
+pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers and return the result."""
+    return a + b
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers and return the result."""
+    return a * b
+
+
+@tool("add")
+def broken_add(a: int, b: int) -> int:
+    """Add two integers and return the result."""
+    raise RuntimeError("the adding machine is out of order")
+
+
+@tool("multiply")
+def broken_multiply(a: int, b: int) -> int:
+    """Multiply two integers and return the result."""
+    raise RuntimeError("the adding machine is out of order")
+
+
+def _example(question: str, name: str, a: int, b: int, result: int, call_id: str) -> list[AnyMessage]:
+    call = {"name": name, "args": {"a": a, "b": b}, "id": call_id, "type": "tool_call"}
+    return [
+        HumanMessage(question),
+        AIMessage("", tool_calls=[call]),
+        ToolMessage(str(result), tool_call_id=call_id),
+        AIMessage(f"The answer is {result}."),
+    ]
+
+
+# Worked examples make the 135M model call tools (without them it never does: ../shared/FACTS.md).
+FEW_SHOT: list[AnyMessage] = [
+    SystemMessage("You are a calculator. Always call a tool, then state the answer."),
+    *_example("What is 12 times 7?", "multiply", 12, 7, 84, "call_ex1"),
+    *_example("What is 35 plus 48?", "add", 35, 48, 83, "call_ex2"),
+    *_example("What is 9 times 13?", "multiply", 9, 13, 117, "call_ex3"),
+]
+
+
+ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+
+
+def _few_shot(state: dict[str, Any]) -> list[AnyMessage]:
+    return [*FEW_SHOT, *state["messages"]]
+
+
+def _llm(gateway: GatewayThread, seed: int = 0) -> ChatOpenAI:
+    return ChatOpenAI(
+        model=SERVED_BASE,
+        base_url=f"{gateway.base_url}/v1",
+        api_key="-",
+        temperature=0.7,
+        seed=seed,
+        max_tokens=48,
+        max_retries=0,
+        timeout=300,
+    )
+
+
+def _rendered(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(ids["input_ids"])
+
+
+def check_token_exact(history: jm.History, gateway: GatewayThread, tokenizer: Any) -> None:
+    """Each turn: the gateway received the history's messages before it, its prompt tokens are
+    their rendering with the tools, and its completion tokens decode to the turn's text."""
+    tools = [t.model_dump(exclude_none=True) for t in history.tools] if history.tools else None
+    conversation = history.openai_messages()
+    assert history.model_turns
+    for index, item in enumerate(history.conversation):
+        if not isinstance(item, jm.ModelTurn):
+            continue
+        assert item.is_token_exact and item.completion_id is not None
+        record = gateway.gateway.records.get(item.completion_id)
+        assert record is not None and record.messages is not None
+        assert jm.History(conversation=record.messages).messages == history.messages[:index]
+        assert (
+            item.prompt_token_ids
+            == record.prompt_token_ids
+            == _rendered(tokenizer, conversation[:index], tools)
+        )
+        assert item.completion_token_ids == record.choices[0].completion_token_ids
+        assert item.logprobs is not None and len(item.logprobs) == len(item.completion_token_ids or [])
+        text = tokenizer.decode(item.completion_token_ids, skip_special_tokens=True)
+        if item.message.tool_calls:
+            assert all(call.function.name in text for call in item.message.tool_calls)
+        else:
+            assert text == item.message.content
+
+
+def _first_tool_run(
+    gateway: GatewayThread, tools: list[Any], tracer: TrajectoryTracer, question: str
+) -> tuple[dict[str, Any], jm.Trajectory]:
+    """Seeded runs until the model calls a tool (it does in about a third of samples)."""
+    for seed in range(24):
+        agent = create_react_agent(_llm(gateway, seed), tools, prompt=_few_shot)
+        config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 8}
+        try:
+            result = agent.invoke({"messages": [HumanMessage(question)]}, config=config)
+        except Exception as error:
+            result = {"error": error}
+        trajectory = tracer.trajectory
+        if any(m.role == "tool" for m in trajectory.messages):
+            return result, trajectory
+    pytest.fail("no tool call in 24 seeded runs")
+
+
+def test_react_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThread, tokenizer: Any) -> None:
+    tracer = TrajectoryTracer(raise_error=True)
+    result, trajectory = _first_tool_run(gateway, [add, multiply], tracer, "What is 23 plus 19?")
+    assert tracer.errors == 0
+    check_token_exact(trajectory, gateway, tokenizer)
+    assert {t.function.name for t in trajectory.tools or []} == {"add", "multiply"}
+    assert "error" not in result, result.get("error")
+    # The captured conversation is the agent's own, with the tool results it got.
+    assert [(m.role, m.content or "") for m in trajectory.messages] == [
+        (ROLES[m.type], m.content) for m in _few_shot(result)
+    ]
+    tool_messages = [m for m in result["messages"] if m.type == "tool"]
+    assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
+    assert trajectory.metrics["calls_without_tokens"] == 0
+
+
+def test_tool_error_from_a_real_run_is_recorded(gateway: GatewayThread, tokenizer: Any) -> None:
+    tracer = TrajectoryTracer(raise_error=True)
+    result, trajectory = _first_tool_run(
+        gateway, [broken_add, broken_multiply], tracer, "What is 23 plus 19?"
+    )
+    assert isinstance(result["error"], RuntimeError)  # the agent's own behaviour: the error propagates
+    assert trajectory.metrics["tool_errors"] == 1
+    assert "out of order" in str(trajectory.metadata["error"])
+    assert trajectory.messages[-1].role == "tool" and "out of order" in str(trajectory.messages[-1].content)
+    check_token_exact(trajectory, gateway, tokenizer)
+
+
+def test_hand_built_graph_with_sub_graph_and_sub_agent(gateway: GatewayThread, tokenizer: Any) -> None:
+    llm = _llm(gateway, seed=1)
+    solver = create_react_agent(llm, [add, multiply], prompt=_few_shot)
+    helper = create_react_agent(llm, [add, multiply], prompt=_few_shot)
+
+    def plan(state: MessagesState) -> dict[str, Any]:
+        llm.invoke([SystemMessage("Say in one sentence how to solve the question."), *state["messages"]])
+        return {}
+
+    def delegate(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        helper.invoke({"messages": [HumanMessage("What is 5 times 6?")]}, config)
+        return {}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("plan", plan)
+    builder.add_node("solve", solver)
+    builder.add_node("delegate", delegate)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "solve")
+    builder.add_edge("solve", "delegate")
+    builder.add_edge("delegate", END)
+    tracer = TrajectoryTracer(raise_error=True)
+    config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 30}
+    builder.compile().invoke({"messages": [HumanMessage("What is 8 plus 9?")]}, config=config)
+
+    trajectory = tracer.trajectory
+    planner, solving, helping = trajectory.histories
+    assert planner.name == "plan" and [m.role for m in planner.messages] == ["system", "user", "assistant"]
+    assert solving.name == "agent" and solving.messages[len(FEW_SHOT)].content == "What is 8 plus 9?"
+    assert helping.messages[len(FEW_SHOT)].content == "What is 5 times 6?"
+    for history in trajectory.histories:
+        check_token_exact(history, gateway, tokenizer)
+
+
+async def test_sixteen_concurrent_runs_through_one_tracer(gateway: GatewayThread, tokenizer: Any) -> None:
+    tracer = TrajectoryTracer(raise_error=True)
+    questions = {uuid.uuid4(): f"What is {10 + i} plus {i * 3}?" for i in range(16)}
+
+    async def run(run_id: uuid.UUID, question: str, seed: int) -> None:
+        agent = create_react_agent(_llm(gateway, seed), [add, multiply], prompt=_few_shot)
+        config: RunnableConfig = {"callbacks": [tracer], "run_id": run_id, "recursion_limit": 8}
+        await agent.ainvoke({"messages": [HumanMessage(question)]}, config=config)
+
+    results = await asyncio.gather(
+        *(run(run_id, q, seed) for seed, (run_id, q) in enumerate(questions.items())), return_exceptions=True
+    )
+    finished = [r for r in results if not isinstance(r, BaseException)]
+    assert len(tracer.trajectories) == 16 and len(finished) >= 12
+    seen: set[str] = set()
+    for run_id, question in questions.items():
+        trajectory = tracer.trajectory_for(run_id)
+        assert trajectory.messages[len(FEW_SHOT)].content == question
+        assert not trajectory.additional_histories
+        check_token_exact(trajectory, gateway, tokenizer)
+        ids = {t.completion_id or "" for t in trajectory.model_turns}
+        assert not ids & seen
+        seen |= ids

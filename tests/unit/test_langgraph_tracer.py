@@ -1,0 +1,334 @@
+"""TrajectoryTracer on real LangGraph agents, against the real gateway in front of a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode, create_react_agent
+
+import journeyman as jm
+from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.router import Router
+from journeyman.integrations._capture import http_records
+from journeyman.integrations.langgraph import TrajectoryTracer
+from tests.scripted_agent import ScriptedModel
+from tests.scripted_upstream import ScriptedServer, serve
+
+pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    if a == 13:
+        raise ValueError("13 is unlucky")
+    return a * b
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[tuple[ScriptedModel, GatewayThread]]:
+    model = ScriptedModel()
+    upstream = serve(model.app())
+    tmp = tmp_path
+    gateway = GatewayThread(
+        Gateway(Router(ScriptedServer(upstream.base_url, log_dir=tmp)), RecordLog(tmp / "records.jsonl"))
+    ).start()
+    yield model, gateway
+    gateway.stop()
+    upstream.stop()
+
+
+def _llm(gateway: GatewayThread) -> ChatOpenAI:
+    return ChatOpenAI(model="m", base_url=f"{gateway.base_url}/v1", api_key="-", temperature=0, max_retries=0)
+
+
+def _agent(gateway: GatewayThread) -> Any:
+    return create_react_agent(_llm(gateway), [add, multiply])
+
+
+def _question(a: int, b: int, op: str = "plus") -> dict[str, Any]:
+    return {"messages": [("user", f"What is {a} {op} {b}?")]}
+
+
+def _check_react(trajectory: jm.Trajectory, gateway: GatewayThread, a: int, b: int) -> None:
+    """Two token-exact turns: the tool call, then the answer with the tool's result before it."""
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    first, second = trajectory.model_turns
+    assert first.message.tool_calls is not None
+    assert first.message.tool_calls[0].function.parsed_arguments() == {"a": a, "b": b}
+    assert trajectory.messages[2].content == str(a + b)
+    assert second.message.content == f"The answer is {a + b}."
+    for turn in trajectory.model_turns:
+        assert turn.completion_id is not None
+        record = gateway.gateway.records.get(turn.completion_id)
+        assert record is not None and turn.is_token_exact
+        assert turn.prompt_token_ids == record.prompt_token_ids
+        assert turn.completion_token_ids == record.choices[0].completion_token_ids
+        assert turn.logprobs == record.choices[0].logprobs
+    # What the trajectory says the model saw before each turn is what the gateway received.
+    for index, item in enumerate(trajectory.conversation):
+        if isinstance(item, jm.ModelTurn):
+            record = gateway.gateway.records.get(item.completion_id or "")
+            assert record is not None and record.messages is not None
+            assert jm.History(conversation=record.messages).messages == trajectory.messages[:index]
+    assert trajectory.tools is not None and {t.function.name for t in trajectory.tools} == {"add", "multiply"}
+    assert trajectory.metrics["token_exact_calls"] == 2 and trajectory.metrics["calls_without_tokens"] == 0
+    assert trajectory.finished_at is not None
+
+
+def test_invoke_react_agent(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    tracer = TrajectoryTracer(raise_error=True)
+    result = _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
+    assert result["messages"][-1].content == "The answer is 5."
+    _check_react(tracer.trajectory, gateway, 2, 3)
+    assert tracer.errors == 0 and len(tracer.trajectories) == 1
+
+
+def test_result_is_the_same_with_and_without_the_tracer(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    _, gateway = scripted
+    agent = _agent(gateway)
+    plain = agent.invoke(_question(4, 5))
+    traced = agent.invoke(_question(4, 5), config={"callbacks": [TrajectoryTracer(raise_error=True)]})
+    strip = [(type(m).__name__, m.content) for m in plain["messages"]]
+    assert strip == [(type(m).__name__, m.content) for m in traced["messages"]]
+
+
+async def test_ainvoke_with_in_process_records(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    tracer = TrajectoryTracer(gateway.gateway.records, raise_error=True)
+    run_id = uuid.uuid4()
+    config: RunnableConfig = {"callbacks": [tracer], "run_id": run_id, "metadata": {"scenario": "s1"}}
+    await _agent(gateway).ainvoke(_question(6, 7), config=config)
+    trajectory = tracer.trajectory_for(run_id)
+    _check_react(trajectory, gateway, 6, 7)
+    assert trajectory.metadata["scenario"] == "s1" and trajectory.metadata["run_id"] == str(run_id)
+
+
+def test_stream_and_astream(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    updates = list(agent.stream(_question(1, 2), config={"callbacks": [tracer]}))
+    assert len(updates) == 3
+    _check_react(tracer.trajectory, gateway, 1, 2)
+
+    async def run() -> None:
+        async for _ in agent.astream(_question(3, 4), config={"callbacks": [tracer]}, stream_mode="values"):
+            pass
+
+    asyncio.run(run())
+    _check_react(tracer.trajectory, gateway, 3, 4)
+
+
+def test_token_streaming_loses_the_id_and_is_flagged(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    """langchain-openai drops the completion id of streamed calls: messages kept, calls flagged."""
+    _, gateway = scripted
+    tracer = TrajectoryTracer(raise_error=True)
+    chunks = list(
+        _agent(gateway).stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages")
+    )
+    assert chunks
+    trajectory = tracer.trajectory
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.metrics["calls_without_tokens"] == 2
+    assert not any(t.is_token_exact for t in trajectory.model_turns)
+    assert any("no gateway record" in line for line in trajectory.logs)
+
+
+def test_token_streaming_with_streaming_disabled_stays_token_exact(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """The workaround: ``disable_streaming=True`` keeps the id, and messages mode still streams messages."""
+    _, gateway = scripted
+    llm = ChatOpenAI(
+        model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0, disable_streaming=True
+    )
+    tracer = TrajectoryTracer(raise_error=True)
+    agent = create_react_agent(llm, [add, multiply])
+    chunks = list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
+    assert len(chunks) == 3
+    _check_react(tracer.trajectory, gateway, 2, 2)
+
+
+async def test_sixteen_concurrent_runs_do_not_mix(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    runs = {uuid.uuid4(): (i, i + 10) for i in range(16)}
+    await asyncio.gather(
+        *(
+            agent.ainvoke(_question(a, b), config={"callbacks": [tracer], "run_id": run_id})
+            for run_id, (a, b) in runs.items()
+        )
+    )
+    assert len(tracer.trajectories) == 16
+    ids = set()
+    for run_id, (a, b) in runs.items():
+        trajectory = tracer.trajectory_for(run_id)
+        _check_react(trajectory, gateway, a, b)
+        assert trajectory.messages[0].content == f"What is {a} plus {b}?"
+        ids.update(t.completion_id for t in trajectory.model_turns)
+    assert len(ids) == 32
+
+
+def test_tool_error_raises_as_before_and_is_recorded(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    with pytest.raises(ValueError, match="13 is unlucky"):
+        agent.invoke(_question(13, 2, "times"))
+    with pytest.raises(ValueError, match="13 is unlucky"):
+        agent.invoke(_question(13, 2, "times"), config={"callbacks": [tracer]})
+    trajectory = tracer.trajectory
+    assert trajectory.metrics["tool_errors"] == 1 and trajectory.metrics["llm_calls"] == 1
+    assert "ValueError: 13 is unlucky" in str(trajectory.metadata["error"])
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool"]
+    assert trajectory.messages[2].content == "Error: ValueError: 13 is unlucky"
+
+
+def test_tool_error_handled_by_the_agent_is_recorded(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent = create_react_agent(_llm(gateway), ToolNode([add, multiply], handle_tool_errors=True))
+    tracer = TrajectoryTracer(raise_error=True)
+    plain = agent.invoke(_question(13, 2, "times"))
+    traced = agent.invoke(_question(13, 2, "times"), config={"callbacks": [tracer]})
+    assert [m.content for m in plain["messages"]][1:] == [m.content for m in traced["messages"]][1:]
+    trajectory = tracer.trajectory
+    assert trajectory.metrics["tool_errors"] == 1 and "error" not in trajectory.metadata
+    assert any("13 is unlucky" in line for line in trajectory.logs)
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert "13 is unlucky" in str(trajectory.messages[2].content)
+
+
+def test_dropped_connection_raises_as_before_and_is_recorded() -> None:
+    llm = ChatOpenAI(model="m", base_url="http://127.0.0.1:9/v1", api_key="-", max_retries=0, timeout=2)
+    agent, tracer = create_react_agent(llm, [add]), TrajectoryTracer(raise_error=True)
+    with pytest.raises(Exception) as plain:
+        agent.invoke(_question(1, 1))
+    with pytest.raises(Exception) as traced:
+        agent.invoke(_question(1, 1), config={"callbacks": [tracer]})
+    assert type(plain.value) is type(traced.value)
+    trajectory = tracer.trajectory
+    assert trajectory.metrics["llm_errors"] == 1 and trajectory.metrics["llm_calls"] == 0
+    assert type(traced.value).__name__ in str(trajectory.metadata["error"])
+    assert any("failed" in line for line in trajectory.logs)
+
+
+class _BrokenRecords:
+    def get(self, completion_id: str) -> Any:
+        return "not a record"
+
+
+def test_a_tracer_bug_never_reaches_the_agent(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    tracer = TrajectoryTracer(_BrokenRecords())
+    result = _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
+    assert result["messages"][-1].content == "The answer is 5."
+    assert tracer.errors == 1
+    with pytest.raises(jm.ConfigError, match="no traced run has finished"):
+        _ = tracer.trajectory
+    with pytest.raises(AttributeError):
+        _agent(gateway).invoke(
+            _question(2, 3), config={"callbacks": [TrajectoryTracer(_BrokenRecords(), raise_error=True)]}
+        )
+
+
+class _State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    notes: Annotated[list[str], operator.add]
+
+
+def test_hand_built_graph_with_sub_graph_and_sub_agent(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    """A planner node, a react sub-graph node sharing the messages, and a sub-agent with its own."""
+    _, gateway = scripted
+    llm = _llm(gateway)
+    solver = create_react_agent(llm, [add, multiply])
+    helper = create_react_agent(llm, [add, multiply], name="helper")
+
+    def plan(state: _State) -> dict[str, Any]:
+        reply = llm.invoke([SystemMessage("Plan the work."), *state["messages"]])
+        return {"notes": [str(reply.content)]}
+
+    def delegate(state: _State, config: RunnableConfig) -> dict[str, Any]:
+        result = helper.invoke({"messages": [HumanMessage("What is 5 times 6?")]}, config)
+        return {"notes": [str(result["messages"][-1].content)]}
+
+    builder = StateGraph(_State)
+    builder.add_node("plan", plan)
+    builder.add_node("solve", solver)
+    builder.add_node("delegate", delegate)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "solve")
+    builder.add_edge("solve", "delegate")
+    builder.add_edge("delegate", END)
+    graph = builder.compile()
+
+    tracer = TrajectoryTracer(raise_error=True)
+    result = graph.invoke(
+        {"messages": [HumanMessage("What is 8 plus 9?")], "notes": []}, config={"callbacks": [tracer]}
+    )
+    assert result["notes"] == ["I do not know.", "The answer is 30."]
+    trajectory = tracer.trajectory
+    histories = trajectory.histories
+    assert len(histories) == 3, [h.name for h in histories]
+    planner, main, sub = histories[0], histories[1], histories[2]
+    assert [m.role for m in planner.messages] == ["system", "user", "assistant"]
+    assert [m.role for m in main.messages] == ["user", "assistant", "tool", "assistant"]
+    assert main.messages[-1].content == "The answer is 17." and main.name == "agent"
+    assert sub.messages[0].content == "What is 5 times 6?" and sub.messages[-1].content == "The answer is 30."
+    assert all(t.is_token_exact for h in histories for t in h.model_turns)
+    assert trajectory.metrics["llm_calls"] == 5 and trajectory.metrics["tool_calls"] == 2
+
+
+def test_calls_to_another_endpoint_keep_messages_and_are_flagged(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """A model served without the gateway: messages captured, no token ids, endpoint remembered."""
+    _, gateway = scripted
+    direct = gateway.gateway.router.server.base_url  # the scripted model itself, no gateway in front
+    llm = ChatOpenAI(model="m", base_url=f"{direct}/v1", api_key="-", temperature=0, max_retries=0)
+    tracer = TrajectoryTracer(raise_error=True)
+    create_react_agent(llm, [add]).invoke(_question(2, 3), config={"callbacks": [tracer]})
+    trajectory = tracer.trajectory
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[-1].content == "The answer is 5."
+    assert trajectory.metrics["calls_without_tokens"] == 2 and trajectory.metrics["token_exact_calls"] == 0
+    assert all(
+        t.completion_id and t.completion_id.startswith("chatcmpl-scripted") for t in trajectory.model_turns
+    )
+    assert sum("no gateway record" in line for line in trajectory.logs) == 2
+    assert http_records(f"{direct}/v1").is_gateway is False
+
+
+def test_threads_share_one_tracer_and_pop_hands_over(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: agent.invoke(_question(i, 1), config={"callbacks": [tracer]}), range(8)))
+    trajectories = tracer.pop_trajectories()
+    assert sorted(str(t.messages[0].content) for t in trajectories) == sorted(
+        f"What is {i} plus 1?" for i in range(8)
+    )
+    for trajectory in trajectories:
+        a = int(str(trajectory.messages[0].content).split()[2])
+        _check_react(trajectory, gateway, a, 1)
+    assert tracer.trajectories == [] and tracer.errors == 0
