@@ -46,6 +46,6 @@ def install(model: torch.nn.Module) -> int:
             and not module.lora_variant
             and not getattr(module, "fan_in_fan_out", False)
         ):
-            module.forward = types.MethodType(_forward, module)
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             count += 1
     return count
