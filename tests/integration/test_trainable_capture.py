@@ -12,22 +12,7 @@ import journeyman as jm
 from journeyman.backend.gateway import GatewayThread
 from tests.integration.conftest import SERVED_BASE
 from tests.integration.test_langgraph_capture import check_token_exact
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"{name.capitalize()} two integers and return the result.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-    for name in ("add", "multiply")
-]
+from tests.integration.test_serving import TOOLS
 
 
 def _example(question: str, name: str, a: int, b: int, result: int, call_id: str) -> list[dict[str, Any]]:
