@@ -51,8 +51,9 @@ async def ours() -> dict[str, object]:
     from journeyman.backend.trainer import Trainer
     from journeyman.config import LoRAConfig, TrainConfig
 
-    # Same as TRL's defaults: DAPO loss, gradient checkpointing on.
-    config = TrainConfig(loss="dapo", learning_rate=1e-5, gradient_checkpointing=True)
+    # Same as TRL's defaults: DAPO loss, gradient checkpointing on (unless CHECKPOINTING=0).
+    checkpointing = os.environ.get("CHECKPOINTING", "1") == "1"
+    config = TrainConfig(loss="dapo", learning_rate=1e-5, gradient_checkpointing=checkpointing)
     cores = os.environ.get("VLLM_CORES", "0-1")  # rollouts and training alternate: each may use both cores
     with (
         serving_stack(served_name="base", max_lora_rank=RANK, cpu_cores=cores, reserved_cpus=0) as stack,
@@ -139,8 +140,9 @@ def trl() -> dict[str, object]:
     return {"steps": steps, "peak_rss_gib": peak_rss_gib()}
 
 
-def run(which: str) -> dict[str, object]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+def run(which: str, **extra_env: str) -> dict[str, object]:
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": root, **extra_env}
     done = subprocess.run(
         [sys.executable, "-m", "bench.rl_step", "--child", which],
         capture_output=True,
@@ -158,19 +160,37 @@ def run(which: str) -> dict[str, object]:
 def measure() -> str:
     from bench.common import machine, table
 
-    results = {name: run(name) for name in ("ours", "trl")}
+    results = {
+        "ours": run("ours"),
+        "ours_no_ckpt": run("ours", CHECKPOINTING="0"),
+        "trl": run("trl"),
+    }
     median = {name: statistics.median(r["steps"][1:]) for name, r in results.items()}  # type: ignore[index]
+    labels = {
+        "ours": "journeyman, gradient checkpointing on (as TRL)",
+        "ours_no_ckpt": "journeyman, gradient checkpointing off",
+        "trl": "TRL GRPOTrainer (HF generate in the step)",
+    }
     rows = [
-        ("journeyman (gateway + vLLM rollouts, GRPO LoRA step, redeploy)", f"{median['ours']:.2f}", f"{results['ours']['peak_rss_gib']:.2f} + vLLM"),
-        ("TRL GRPOTrainer (HF generate in the step)", f"{median['trl']:.2f}", f"{results['trl']['peak_rss_gib']:.2f}"),
+        (labels[name], f"{median[name]:.2f}", f"{median['trl'] / median[name]:.2f}x",
+         f"{r['peak_rss_gib']:.2f}" + (" + vLLM" if name != "trl" else ""))
+        for name, r in results.items()
     ]  # fmt: skip
-    phases = results["ours"]["phases"][1:]  # type: ignore[index]
-    split = ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0])
+    splits = []
+    for name in ("ours", "ours_no_ckpt"):
+        phases = results[name]["phases"][1:]  # type: ignore[index]
+        splits.append(
+            f"{labels[name]}: "
+            + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0])
+        )
     return (
         f"### One RL step: {GROUP} rollouts x {TOKENS} tokens + a LoRA r={RANK} step ({machine()})\n\n"
-        + table(["system", "median s/step", "peak RSS GiB"], rows)
-        + f"\n\nSpeed-up: {median['trl'] / median['ours']:.2f}x. journeyman's step split: {split}. "
-        "The vLLM server's own memory (about 4.3 GB resident) is not in its column.\n"
+        + table(["system", "median s/step", "vs TRL", "peak RSS GiB"], rows)
+        + "\n\nStep split (medians). "
+        + "; ".join(splits)
+        + ". "
+        "journeyman's rollouts go through the gateway to vLLM, whose own memory (about 4.3 GB "
+        "resident) is not in its column.\n"
     )
 
 
