@@ -151,3 +151,18 @@ def test_serving_beyond_loopback_without_a_token_is_refused(host: str) -> None:
     with pytest.raises(jm.ConfigError, match="token"):
         check_bind(host, "")
     check_bind(host, TOKEN)
+
+
+def test_the_serve_command_refuses_to_start_open_to_the_network(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JOURNEYMAN_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "journeyman.backend", "serve", "--host", "0.0.0.0", "--root", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "error: refusing to listen on 0.0.0.0 without a token" in done.stderr
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
