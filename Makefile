@@ -3,12 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup test test-unit test-integration check format bench clean
+.PHONY: setup test test-unit test-integration test-faults check format bench clean
 
 setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
 
-test: setup  ## all tests: unit, then integration (real model, real vLLM environment)
+test: setup  ## all tests: unit, integration (real model, real vLLM environment), faults
 	$(PY) -m pytest tests -q
 
 test-unit: setup
@@ -16,6 +16,9 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest tests/integration -q
+
+test-faults: setup  ## injected faults (vLLM and trainer killed, disk full), bad input, security
+	$(PY) -m pytest tests/faults -q
 
 check: setup  ## lint, format check, types (strict on core/)
 	$(VENV)/bin/ruff check core integrations backend tests bench

@@ -17,6 +17,7 @@ HTTP (``GET /records/{completion_id}``, ``GET /records?rollout_id=...``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from journeyman.errors import BackendError
+from journeyman.errors import BackendError, StorageError
 from journeyman.messages import AssistantMessage
 from journeyman.records import SAMPLING_KEYS, ChoiceRecord, CompletionRecord
 
@@ -60,7 +61,6 @@ class RecordLog:
 
     def __init__(self, path: Path, *, max_in_memory: int = 10_000, fsync: bool = False) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_in_memory = max_in_memory
         self.fsync = fsync
         """``True`` also survives power loss (costs a disk flush per completion)."""
@@ -68,15 +68,31 @@ class RecordLog:
         self._by_rollout: dict[str, list[str]] = {}
         self._evicted = 0
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for appends)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise StorageError(f"cannot open the completion records {self.path}: {error}") from error
 
     def append(self, record: CompletionRecord) -> None:
-        line = record.model_dump_json() + "\n"
+        """Write the record as one line; :class:`StorageError` (and no partial line) if it cannot."""
+        line = (record.model_dump_json() + "\n").encode()
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
+            if self._fd is None:
+                raise StorageError(f"the completion records {self.path} are closed")
+            size = os.fstat(self._fd).st_size
+            try:
+                if os.write(self._fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, "short write")
+                if self.fsync:
+                    os.fsync(self._fd)
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, size)  # no torn line for the next record to follow
+                raise StorageError(
+                    f"could not write a completion record to {self.path}: {error.strerror or error}. "
+                    "Free disk space or fix the folder's permissions; this completion was not returned."
+                ) from error
             self._recent[record.completion_id] = record
             if record.rollout_id is not None:
                 self._by_rollout.setdefault(record.rollout_id, []).append(record.completion_id)
@@ -118,7 +134,9 @@ class RecordLog:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
@@ -345,6 +363,12 @@ class Gateway:
             return _error(
                 400, "the request body must be a JSON object with a 'model' string", "invalid_request"
             )
+        for key in ("messages", "tools"):  # the record keeps them: refuse what it could not hold
+            value = body.get(key)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, dict) for v in value)
+            ):
+                return _error(400, f"'{key}' must be a list of JSON objects", "invalid_request")
         if not self.router.server.is_running():
             return _error(
                 503,
@@ -414,7 +438,11 @@ class Gateway:
                         finish_reason=choice.get("finish_reason"),
                     )
                 )
-            self._save(record, data.get("id"), choices, data.get("usage"), clock)
+            try:
+                self._save(record, data.get("id"), choices, data.get("usage"), clock)
+            except StorageError as error:
+                logger.error("%s", error)
+                return _error(507, str(error), "storage_error")
             _strip(data, wants_logprobs, wants_ids)
             return JSONResponse(data)
         return StreamingResponse(
@@ -440,14 +468,20 @@ class Gateway:
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
-                    self._save(
-                        record,
-                        state.completion_id,
-                        state.choice_records(kind),
-                        state.usage,
-                        clock,
-                        state.prompt_token_ids,
-                    )
+                    try:
+                        self._save(
+                            record,
+                            state.completion_id,
+                            state.choice_records(kind),
+                            state.usage,
+                            clock,
+                            state.prompt_token_ids,
+                        )
+                    except StorageError as error:  # the client sees an error, never a clean end
+                        logger.error("%s", error)
+                        failed = {"error": {"message": str(error), "type": "storage_error", "code": 507}}
+                        yield b"data: " + json.dumps(failed).encode() + b"\n\n"
+                        return
                     yield b"data: [DONE]\n\n"
                     continue
                 try:

@@ -1,5 +1,9 @@
 """LocalBackend: vLLM, the capture gateway and the trainer, in this process tree.
 
+A watchdog checks the vLLM process every ``watch_interval`` seconds: if it died, requests get
+503 from the gateway (clients fail fast, nothing hangs) while it is started again and the kept
+adapters are loaded back, so the current version answers as before.
+
 Rollouts and training alternate (gather, then train), so by default both may use every core:
 vLLM's inference threads are bound to all cores, and the trainer uses as many threads. Set
 ``vllm_cores``/``trainer_threads`` to split them when something else runs beside.
@@ -8,6 +12,7 @@ vLLM's inference threads are bound to all cores, and the trainer uses as many th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -16,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from journeyman.config import TrainConfig
-from journeyman.errors import ConfigError
+from journeyman.errors import ConfigError, ModelPreparationError
 from journeyman.model import Registration, TrainableModel, TrainResult
-from journeyman.store import default_root
+from journeyman.store import check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
 from .gateway import Gateway, GatewayThread, RecordLog
-from .models import resolve_base_model
+from .models import EMBEDDED_MODELS, resolve_base_model
 from .router import Router
 from .trainer import Trainer
 from .vllm import VLLMConfig, VLLMServer
@@ -45,6 +50,7 @@ class LocalBackend:
         keep_versions: int = 2,
         gateway_port: int | None = None,
         gateway_thread: bool = True,
+        watch_interval: float = 2.0,
     ) -> None:
         self.root = Path(root) if root is not None else default_root()
         self._vllm_config = vllm
@@ -61,8 +67,12 @@ class LocalBackend:
         self.router: Router | None = None
         self.gateway: GatewayThread | None = None
         self.records: RecordLog | None = None
+        self.watch_interval = watch_interval
+        self.restarts = 0
+        """How many times the watchdog restarted a vLLM server that died."""
         self._base: Path | str | None = None
         self._trainers: dict[str, Trainer] = {}
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -96,9 +106,32 @@ class LocalBackend:
         self.gateway_app = Gateway(self.router, self.records)
         if self.gateway_thread:
             self.gateway = GatewayThread(self.gateway_app, port=self.gateway_port).start()
+        self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
+
+    async def _watch(self) -> None:
+        """Restart vLLM when its process has exited, and load the kept adapters again."""
+        while True:
+            await asyncio.sleep(self.watch_interval)
+            if self.router is None or self.router.server.exit_code() is None:
+                continue
+            try:
+                await self.router.restart_server()
+                self.restarts += 1
+                logger.warning("vLLM restarted (%d restart(s) so far); adapters redeployed", self.restarts)
+            except Exception:
+                logger.exception("restarting vLLM failed; trying again in %.0f s", 10 * self.watch_interval)
+                await asyncio.sleep(10 * self.watch_interval)
 
     async def register(self, model: TrainableModel) -> Registration:
+        for folder in (self.root, model.store.path):  # fail now, not after vLLM started
+            await asyncio.to_thread(check_writable, folder)
         base = await asyncio.to_thread(resolve_base_model, model.base_model)
+        if isinstance(base, str) and _offline() and not _in_hub_cache(base):
+            raise ModelPreparationError(
+                f"unknown base model {base!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), not a "
+                "folder, and not in the Hugging Face cache while HF_HUB_OFFLINE=1. Use an alias or the path "
+                "of a folder saved with save_pretrained"
+            )
         await self._serve(base)
         assert self.router is not None
         if model.name in self._trainers:
@@ -144,6 +177,11 @@ class LocalBackend:
         return await asyncio.to_thread(model.store.prune_checkpoints, best_metric)
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.stop)
             self.gateway = None
@@ -157,3 +195,16 @@ class LocalBackend:
             self.server.stop()
             self.server = None
         self._trainers.clear()
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # not a valid repo id: not cached
+        return False

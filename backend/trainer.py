@@ -262,7 +262,9 @@ class Trainer:
         """Train one step on ``groups``, checkpoint it, deploy it; the result carries the metrics."""
         config = config or TrainConfig()
         check_groups(groups)
-        self.store.save_groups(groups, "train", self.step)  # the step's data is on disk before training
+        # The step's data is on disk before training; a step retried after a failure is stored once.
+        stored = {group.id for group in self.store.load_groups("train", self.step)}
+        self.store.save_groups([g for g in groups if g.id not in stored], "train", self.step)
         result = await asyncio.to_thread(self.train_step, groups, config)
         if self.deploy is not None and result.checkpoint is not None:
             start = time.perf_counter()
@@ -330,7 +332,14 @@ class Trainer:
 
     def _checkpoint_timed(self, metrics: dict[str, float]) -> Path:
         start = time.perf_counter()
-        path = self._save_checkpoint(self.step, metrics)
+        try:
+            path = self._save_checkpoint(self.step, metrics)
+        except BaseException:
+            # The step is not done until it is on disk: count it undone, and have the next step
+            # reload the last checkpoint rather than build on weights that were never saved.
+            self.step -= 1
+            self.model = None
+            raise
         metrics["time/checkpoint"] = time.perf_counter() - start
         return path
 

@@ -33,7 +33,7 @@ from typing import Any
 from journeyman.errors import ConfigError, InvalidDataError, StorageError
 from journeyman.trajectory import TrajectoryGroup, load_group
 
-__all__ = ["ModelStore", "atomic_dir", "atomic_write", "default_root", "validate_name"]
+__all__ = ["ModelStore", "atomic_dir", "atomic_write", "check_writable", "default_root", "validate_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -59,6 +59,18 @@ def _storage_error(action: str, path: Path, error: OSError) -> StorageError:
         f"could not {action} {path}: {reason}. Free disk space or fix the folder's permissions, or "
         "point JOURNEYMAN_ROOT (or root=...) at a writable folder. Nothing already stored was changed."
     )
+
+
+def check_writable(folder: str | os.PathLike[str]) -> Path:
+    """Create ``folder`` if needed and check a file can be written in it, before any work starts."""
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise _storage_error("write in", path, error) from error
+    return path
 
 
 def _fsync_dir(path: Path) -> None:
@@ -329,4 +341,5 @@ def _read_text(path: Path) -> str:
 
 
 def _read_lines(path: Path) -> list[str]:
-    return [line for line in _read_text(path).splitlines() if line.strip()]
+    # Split on "\n" only: splitlines() also splits on U+0085, U+2028, ..., which JSON leaves unescaped.
+    return [line for line in _read_text(path).split("\n") if line.strip()]

@@ -10,12 +10,13 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-_TIERS = {"unit": "unit", "integration": "integration", "gpu": "gpu"}
+_TIERS = {"unit": "unit", "integration": "integration", "faults": "faults", "gpu": "gpu"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "unit: no model, no server; seconds")
     config.addinivalue_line("markers", "integration: the real small model, real servers and frameworks")
+    config.addinivalue_line("markers", "faults: injected faults, bad input, security (some start vLLM)")
     config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
 
 

@@ -1,0 +1,228 @@
+"""Serving faults against the real vLLM server, through LocalBackend (one server for the module).
+
+The gateway is killed mid-load and restarted; bad requests reach the real server; vLLM is killed
+mid-gather. Heavy: run under the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import journeyman as jm
+from journeyman.backend import LocalBackend
+from journeyman.backend.vllm import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(900)
+
+# A gateway in a process of its own, in front of the module's vLLM server, so it can be SIGKILLed.
+GATEWAY = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import uvicorn
+    from journeyman.backend.gateway import Gateway, RecordLog
+    from journeyman.backend.router import Router
+    from tests.scripted_upstream import ScriptedServer
+
+    upstream, records, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    router = Router(ScriptedServer(upstream, log_dir=records.parent))  # an already running server
+    uvicorn.run(Gateway(router, RecordLog(records)).app, host="127.0.0.1", port=port, log_level="warning")
+    """
+)
+
+
+@pytest.fixture(scope="module")
+async def served(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[LocalBackend, jm.TrainableModel]]:
+    root = tmp_path_factory.mktemp("serving-faults")
+    async with LocalBackend(root=root, watch_interval=0.5) as backend:
+        model = jm.TrainableModel(name="agent", project="faults", base_model="smollm2-135m", root=root)
+        await model.register(backend)
+        yield backend, model
+
+
+def _start_gateway(upstream: str, records: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", GATEWAY, upstream, str(records), str(port)], env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("the gateway process did not start")
+
+
+async def _complete(http: httpx.AsyncClient, model: str, index: int) -> str | None:
+    """One completion, streamed or not; its id if the client received all of it, else None."""
+    body = {"model": model, "messages": [{"role": "user", "content": f"Count to {index + 3}."}],
+            "max_tokens": 8 + 2 * index, "temperature": 1.0, "stream": index % 2 == 1}  # fmt: skip
+    try:
+        if not body["stream"]:
+            response = await http.post("/v1/chat/completions", json=body)
+            return str(response.json()["id"]) if response.status_code == 200 else None
+        completion_id, done = None, False
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: {"):
+                    completion_id = completion_id or json.loads(line[6:]).get("id")
+        return completion_id if done and response.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+async def test_gateway_killed_mid_load_loses_no_completion_a_client_received(
+    served: tuple[LocalBackend, jm.TrainableModel], tmp_path: Path
+) -> None:
+    backend, _ = served
+    assert backend.server is not None and backend.router is not None
+    records, port = tmp_path / "completions.jsonl", free_port()
+    gateway = _start_gateway(backend.server.base_url, records, port)
+    base = backend.router.base_name
+    received: list[str] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        tasks = [asyncio.create_task(_complete(http, base, i)) for i in range(24)]
+        for finished in asyncio.as_completed(tasks):
+            if (completion_id := await finished) is not None:
+                received.append(completion_id)
+            if len(received) == 6 and gateway.poll() is None:
+                gateway.send_signal(signal.SIGKILL)  # mid-load: the other 18 are in flight
+        assert gateway.wait(10) == -signal.SIGKILL
+        assert 6 <= len(received) < 24
+
+    gateway = _start_gateway(backend.server.base_url, records, port)  # same file, same port
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            again = await asyncio.gather(*(_complete(http, base, i) for i in range(4)))
+    finally:
+        gateway.kill()
+        gateway.wait()
+    assert None not in again
+    lines = records.read_text().splitlines()
+    recorded = [json.loads(line)["completion_id"] for line in lines]  # every line whole
+    assert len(recorded) == len(set(recorded))
+    missing = set(received + list(again)) - set(recorded)  # type: ignore[arg-type]
+    assert missing == set()
+
+
+async def test_bad_requests_to_the_real_server_are_recorded_failures(
+    served: tuple[LocalBackend, jm.TrainableModel],
+) -> None:
+    _, model = served
+    client = model.openai_client().with_options(max_retries=0)
+
+    async def ask(content: str, name: str = model.inference_name) -> jm.Trajectory:
+        messages = [{"role": "user", "content": content}]
+        response = await client.chat.completions.create(model=name, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+        answer = {"role": "assistant", "content": response.choices[0].message.content}
+        return jm.Trajectory(conversation=[*messages, answer], reward=1.0)
+
+    groups = await jm.gather_trajectory_groups(
+        [
+            jm.TrajectoryGroup([ask("Say hi."), ask("word " * 5000)]),  # longer than the context
+            jm.TrajectoryGroup([ask("Say hi.", name="no-such-model")]),
+        ],
+        max_exceptions=2,
+        progress=False,
+    )
+    assert [len(g) for g in groups] == [1, 0]
+    (overlong,), (unknown,) = groups[0].failures, groups[1].failures
+    assert overlong.type == "BadRequestError" and "maximum context length" in overlong.message
+    assert unknown.type == "NotFoundError" and "no-such-model" in unknown.message
+
+    with pytest.raises(jm.RolloutError, match="BadRequestError"):  # beyond the allowed share: stop
+        await jm.gather_trajectory_groups([jm.TrajectoryGroup([ask("word " * 5000)])], progress=False)
+
+
+async def _rollout(model: jm.TrainableModel, backend: LocalBackend, max_tokens: int) -> jm.Trajectory:
+    messages = [{"role": "user", "content": "What is 3+4? Answer with a number."}]
+    response = await model.openai_client().chat.completions.create(
+        model=model.inference_name,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=1.0,  # type: ignore[arg-type]
+    )
+    assert backend.records is not None
+    record = backend.records.get(response.id)
+    assert record is not None
+    reward = float("7" in (response.choices[0].message.content or "")) + 0.01 * len(
+        record.choices[0].completion_token_ids or []
+    )
+    return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
+
+
+async def _greedy(model: jm.TrainableModel, backend: LocalBackend) -> tuple[str, Any]:
+    response = await model.openai_client().chat.completions.create(
+        model=model.inference_name, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12,
+        temperature=0.0,
+    )  # fmt: skip
+    assert backend.records is not None
+    return response.choices[0].message.content or "", backend.records.get(response.id)
+
+
+async def test_vllm_killed_mid_gather_fails_rollouts_as_data_then_restarts_with_the_adapter(
+    served: tuple[LocalBackend, jm.TrainableModel],
+) -> None:
+    backend, model = served
+    groups = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup(_rollout(model, backend, 16) for _ in range(4)) for _ in range(2)], progress=False
+    )
+    assert (await model.train(groups, jm.TrainConfig(learning_rate=1e-3))).step == 1
+    before, record = await _greedy(model, backend)
+    assert record.served_model == "agent@1"
+
+    server = backend.server
+    assert server is not None and server.pid is not None
+
+    async def kill_soon() -> None:
+        await asyncio.sleep(1.0)
+        os.killpg(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
+
+    killer = asyncio.create_task(kill_soon())
+    start = time.monotonic()
+    broken = await asyncio.wait_for(  # never a hang
+        jm.gather_trajectory_groups(
+            [jm.TrajectoryGroup(_rollout(model, backend, 64) for _ in range(4)) for _ in range(2)],
+            max_exceptions=8,
+            progress=False,
+        ),
+        timeout=120,
+    )
+    await killer
+    failures = [f for g in broken for f in g.failures]
+    assert sum(len(g) for g in broken) + len(failures) == 8  # each rollout kept or recorded
+    assert failures and all(f.stage == "rollout" and f.traceback for f in failures)
+    assert {f.type for f in failures} <= {"InternalServerError", "APIConnectionError", "APIError"}
+    assert time.monotonic() - start < 60
+
+    deadline = time.monotonic() + 300
+    while backend.restarts == 0:
+        assert time.monotonic() < deadline, "the backend did not restart vLLM"
+        await asyncio.sleep(0.5)
+    assert backend.server is server and server.exit_code() is None
+    after, record = await _greedy(model, backend)
+    assert record.served_model == "agent@1" and record.policy_version == 1  # the adapter came back
+    assert after == before
+    again = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup(_rollout(model, backend, 8) for _ in range(2))], progress=False
+    )
+    assert len(again[0]) == 2 and again[0].failures == []
