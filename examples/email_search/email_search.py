@@ -243,6 +243,7 @@ def make_agent(model: jm.Model, inbox: Inbox, args: argparse.Namespace) -> Any:
     async def search_agent(scenario: dict[str, Any], client: Any) -> float:
         """Up to ``--max-turns`` model calls; each tool call runs and its result goes back."""
         messages: list[Any] = [*FEW_SHOT, {"role": "user", "content": scenario["question"]}]
+        listed: set[str] = set()  # ids the searches showed
         read: set[str] = set()
         for _ in range(args.max_turns):
             response = await client.chat.completions.create(
@@ -250,15 +251,16 @@ def make_agent(model: jm.Model, inbox: Inbox, args: argparse.Namespace) -> Any:
             )
             message = response.choices[0].message
             if not message.tool_calls:
-                return grade(scenario, None, read)  # prose instead of a tool call: no answer
+                return grade(scenario, None, listed, read)  # prose instead of a tool call: no answer
             messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
             for call in message.tool_calls:
                 try:
                     arguments = json.loads(call.function.arguments)
                     if call.function.name == "answer":
-                        return grade(scenario, str(arguments.get("text", "")), read)
+                        return grade(scenario, str(arguments.get("text", "")), listed, read)
                     if call.function.name == "search_emails":
                         result = inbox.search_emails(arguments["query"])
+                        listed.update(re.findall(r"^id (\d+) \|", result, re.MULTILINE))
                     elif call.function.name == "read_email":
                         result = inbox.read_email(arguments["email_id"])
                         read.add(str(arguments["email_id"]))
@@ -267,7 +269,7 @@ def make_agent(model: jm.Model, inbox: Inbox, args: argparse.Namespace) -> Any:
                 except (ToolError, ValueError, KeyError, TypeError, sqlite3.Error) as error:
                     result = f"{TOOL_ERROR} {type(error).__name__}: {error}"
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        return grade(scenario, None, read)
+        return grade(scenario, None, listed, read)
 
     return search_agent
 
@@ -275,11 +277,12 @@ def make_agent(model: jm.Model, inbox: Inbox, args: argparse.Namespace) -> Any:
 TOOL_ERROR = "Error:"
 
 
-def grade(scenario: dict[str, Any], answer: str | None, read: set[str]) -> float:
-    """1 for the right answer; else 0.2 for having read the right email."""
+def grade(scenario: dict[str, Any], answer: str | None, listed: set[str], read: set[str]) -> float:
+    """1 for the right answer; else 0.2 for having read the right email, 0.1 for having found it."""
     if answer is not None and scenario["answer"].lower() in answer.lower():
         return 1.0
-    return 0.2 if str(scenario["email_id"]) in read else 0.0
+    email_id = str(scenario["email_id"])
+    return 0.2 if email_id in read else 0.1 if email_id in listed else 0.0
 
 
 def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> None:

@@ -161,9 +161,11 @@ def test_email_inbox_and_tools(tmp_path: Path) -> None:
         # The question's own words find its email, and reading it shows the answer.
         assert f"id {target.id} |" in inbox.search_emails(question["question"])
         assert question["answer"] in inbox.read_email(target.id)
-        assert email.grade(question, f"It is {question['answer']}.", set()) == 1.0
-        assert email.grade(question, "no idea", {str(target.id)}) == 0.2
-        assert email.grade(question, None, set()) == 0.0
+        right = {str(target.id)}
+        assert email.grade(question, f"It is {question['answer']}.", set(), set()) == 1.0
+        assert email.grade(question, "no idea", right, right) == 0.2
+        assert email.grade(question, "no idea", right, set()) == 0.1
+        assert email.grade(question, None, {"0"}, {"0"}) == 0.0
     with pytest.raises(email.ToolError, match="no email with id 9999"):
         inbox.read_email(9999)
     with pytest.raises(ValueError):
@@ -185,7 +187,7 @@ async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     few_shot = len(email.FEW_SHOT)
     for trajectory in (t for g in groups for t in g):
-        assert trajectory.reward in (0.0, 0.2, 1.0)
+        assert trajectory.reward in (0.0, 0.1, 0.2, 1.0)
         question = next(q for q in summary["questions"] if q["id"] == trajectory.metadata["scenario_id"])
         assert trajectory.messages[few_shot].content == question["question"]
         assert {t.function.name for t in trajectory.tools or []} == {"search_emails", "read_email", "answer"}
@@ -204,7 +206,11 @@ async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any
 async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
     backend: Any, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # CrewAI writes under HOME, even on import
+    from journeyman.backend.settings import journeyman_home
+
+    # CrewAI writes under HOME, even on import; the converted model stays where it is.
+    monkeypatch.setenv("JOURNEYMAN_HOME", str(journeyman_home()))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CREWAI_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("CREWAI_TRACING_ENABLED", "false")
     monkeypatch.chdir(tmp_path)
@@ -217,8 +223,7 @@ async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     judged = 0
     for group in groups:
-        assert group.metrics["judge/failed"] in (0, 1)
-        judge_failed = group.metrics["judge/failed"] == 1
+        judge_failed = group.metrics.get("judge/failed", 0) == 1  # no metric: no run to judge
         assert judge_failed is any(f.stage == "judge" for f in group.failures)
         judged += not judge_failed
         for trajectory in group:
