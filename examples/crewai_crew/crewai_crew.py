@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import functools
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from crewai.tools import tool
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.integrations.crewai import CrewTracer
+
+# CrewAI warns on every call to a model it has no tokenizer for ("approximate input token count").
+logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
 
 
 @tool("add")

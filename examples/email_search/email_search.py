@@ -286,20 +286,30 @@ def grade(scenario: dict[str, Any], answer: str | None, listed: set[str], read: 
 
 
 def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> None:
-    """What the agent did, read back from the captured conversation."""
-    calls = [c for m in trajectory.messages if m.role == "assistant" for c in (m.tool_calls or [])]
-    names = [c.function.name for c in calls]
-    reads = [c.function.arguments for c in calls if c.function.name == "read_email"]
+    """What the agent did (after the worked examples), read back from the captured conversation."""
+    own = trajectory.messages[len(FEW_SHOT) :]
+    calls = [c for m in own if m.role == "assistant" for c in (m.tool_calls or [])]
+    read = {
+        str(_arguments(c.function.arguments).get("email_id"))
+        for c in calls
+        if c.function.name == "read_email"
+    }
     trajectory.metrics.update(
         {
             "agent_tool_calls": len(calls),
-            "tool_errors": sum(
-                m.role == "tool" and str(m.content).startswith(TOOL_ERROR) for m in trajectory.messages
-            ),
-            "read_right_email": any(str(scenario["email_id"]) in str(a) for a in reads),
-            "answered": "answer" in names,
+            "tool_errors": sum(m.role == "tool" and str(m.content).startswith(TOOL_ERROR) for m in own),
+            "read_right_email": str(scenario["email_id"]) in read,
+            "answered": any(c.function.name == "answer" for c in calls),
         }
     )
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:

@@ -62,6 +62,8 @@ async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> Non
     trained = [r for g in groups for r in g.rewards]
     if trained:  # the trainer saw the same rewards the example reports
         assert history[0]["reward/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+    # A gradient step happens exactly when some group's rewards differ (else the adapter is kept).
+    assert ("train/loss" in history[0]) is any(len(set(g.rewards)) > 1 for g in groups)
     assert summary["lines"][0]["failures"] == sum(len(g.failures) for g in groups)
 
 
@@ -178,7 +180,7 @@ def test_email_inbox_and_tools(tmp_path: Path) -> None:
 
 async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
     email = load("email_search")
-    tiny = "--steps 1 --questions 2 --group-size 2 --max-turns 3 --max-tokens 40"
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-turns 3 --max-tokens 48"
     args = email.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await email.main(args, backend)
     await check_trained_and_served(backend, summary)
@@ -194,6 +196,17 @@ async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any
         tool_results = [m for m in trajectory.messages[few_shot:] if m.role == "tool"]
         errors = sum(str(m.content).startswith(email.TOOL_ERROR) for m in tool_results)
         assert trajectory.metrics["tool_errors"] == errors
+        calls = [
+            c.function.name
+            for m in trajectory.messages[few_shot:]
+            for c in getattr(m, "tool_calls", None) or []
+        ]
+        assert trajectory.metrics["agent_tool_calls"] == len(calls)
+        assert trajectory.metrics["answered"] is ("answer" in calls)
+        if trajectory.reward == 1.0:
+            assert trajectory.metrics["answered"]
+        if trajectory.reward == 0.2:
+            assert trajectory.metrics["read_right_email"]
         assert len(trajectory.model_turns) <= args.max_turns
         assert trajectory.metrics["calls_without_tokens"] == 0
         check_sampled_by_base(trajectory)
