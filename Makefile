@@ -21,16 +21,16 @@ test-faults: setup  ## injected faults (vLLM and trainer killed, disk full), bad
 	$(PY) -m pytest tests/faults -q
 
 check: setup  ## lint, format check, types (strict on core/)
-	$(VENV)/bin/ruff check core integrations backend tests bench
-	$(VENV)/bin/ruff format --check core integrations backend tests bench
+	$(VENV)/bin/ruff check core integrations backend tests bench examples
+	$(VENV)/bin/ruff format --check core integrations backend tests bench examples
 	VENV=$(VENV) bash scripts/typecheck.sh
 
 bench: setup  ## timings (not tests): writes bench/results.md
 	$(PY) -m bench.run
 
 format: setup
-	$(VENV)/bin/ruff check --fix core integrations backend tests bench
-	$(VENV)/bin/ruff format core integrations backend tests bench
+	$(VENV)/bin/ruff check --fix core integrations backend tests bench examples
+	$(VENV)/bin/ruff format core integrations backend tests bench examples
 
 clean:  ## removes the main environment (the caches under ~/.cache/journeyman stay)
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,399 @@
+"""An ART·E-style email agent: search a synthetic inbox, read, answer; trained with @jm.trainable.
+
+The example writes a small inbox (seeded, so the same every run) into SQLite FTS5, with questions
+whose answers sit in one email each. The agent has three tools: ``search_emails``, ``read_email``
+and ``answer``. The reward comes from the known answer (1 when right, a little for finding and
+reading the right email); ``--judge ruler`` mixes in a RULER score from the local base model.
+
+    python examples/email_search/email_search.py                    # 10 steps, groups of 8
+    python examples/email_search/email_search.py --steps 1 --group-size 2 --questions 2 --max-tokens 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import random
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import journeyman as jm
+from journeyman.backend import LocalBackend
+
+# The inbox ------------------------------------------------------------------------------------
+
+CITIES = ["Lisbon", "Oslo", "Denver", "Nairobi", "Osaka", "Lima", "Prague", "Dublin", "Hanoi", "Quito"]
+ITEMS = ["desk lamp", "rain jacket", "coffee grinder", "bike helmet", "yoga mat", "backpack", "kettle"]
+VENDORS = ["Brightwater Plumbing", "Northwind Energy", "Acme Insurance", "Greenleaf Gardens", "City Dental"]
+TOPICS = ["budget review", "design sync", "hiring plan", "quarterly planning", "launch retro"]
+PEOPLE = ["maria@work.example", "tom@work.example", "li@work.example", "sara@work.example"]
+NOISE = [
+    ("Weekly newsletter", "Ten tips for a tidy desk and a calmer week. Unsubscribe any time."),
+    ("Your password was changed", "If this was not you, contact support right away."),
+    ("Lunch on Friday?", "Shall we try the new noodle place near the office?"),
+    ("Photos from the weekend", "Here are the pictures from the hike. The view was great."),
+]
+
+
+@dataclass(frozen=True)
+class Email:
+    id: int
+    sender: str
+    date: str
+    subject: str
+    body: str
+
+
+def _code(rng: random.Random, length: int = 6) -> str:
+    return "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(length))
+
+
+def make_inbox(seed: int, size: int) -> tuple[list[Email], list[dict[str, Any]]]:
+    """``size`` emails and one question per email that holds an answer (about 3 in 4 do)."""
+    rng = random.Random(seed)
+    emails: list[Email] = []
+    questions: list[dict[str, Any]] = []
+    for number in range(1, size + 1):
+        date = f"2026-{rng.randint(1, 11):02d}-{rng.randint(1, 28):02d}"
+        kind = rng.choice(["flight", "parcel", "meeting", "invoice", "noise"])
+        if kind == "flight":
+            city, code = rng.choice(CITIES), _code(rng)
+            subject, sender = f"Your flight to {city} is confirmed", "bookings@skyway.example"
+            body = (
+                f"Thank you for booking with Skyway. Flight to {city} on {date}. Confirmation code: {code}."
+            )
+            question, answer = f"What is the confirmation code of my flight to {city}?", code
+        elif kind == "parcel":
+            item, tracking = rng.choice(ITEMS), f"TRK{rng.randint(100000, 999999)}"
+            subject, sender = f"Your {item} has shipped", "orders@shop.example"
+            body = f"Good news: the {item} you ordered is on its way. Tracking number: {tracking}."
+            question, answer = f"What is the tracking number of the {item} I ordered?", tracking
+        elif kind == "meeting":
+            topic, room = rng.choice(TOPICS), f"{rng.choice('ABCDE')}{rng.randint(100, 450)}"
+            subject, sender = f"Room for the {topic}", rng.choice(PEOPLE)
+            body = f"Hi, the {topic} meeting on {date} will be held in room {room}. See you there."
+            question, answer = f"In which room is the {topic} meeting?", room
+        elif kind == "invoice":
+            vendor, amount = rng.choice(VENDORS), f"{rng.randint(20, 900)}.{rng.randint(0, 99):02d}"
+            subject, sender = f"Invoice from {vendor}", "billing@" + vendor.split()[0].lower() + ".example"
+            body = f"Dear customer, your invoice from {vendor} dated {date} is ready. Amount due: ${amount}."
+            question, answer = f"How much do I owe {vendor}?", amount
+        else:
+            subject, body = rng.choice(NOISE)
+            sender, question, answer = rng.choice(PEOPLE), None, None
+        emails.append(Email(number, sender, date, subject, body))
+        # A question is fair only when its wording picks out one email (the same city can recur).
+        if question is not None and all(q["question"] != question for q in questions):
+            questions.append({"id": f"q{number}", "question": question, "answer": answer, "email_id": number})
+    unique = [
+        q for q in questions if sum(e.subject == emails[q["email_id"] - 1].subject for e in emails) == 1
+    ]
+    return emails, unique
+
+
+def write_inbox(emails: list[Email], path: Path) -> None:
+    """The inbox as an SQLite FTS5 table (rewritten each run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE VIRTUAL TABLE emails USING fts5(sender, date, subject, body)")
+        db.executemany(
+            "INSERT INTO emails (rowid, sender, date, subject, body) VALUES (?, ?, ?, ?, ?)",
+            [(e.id, e.sender, e.date, e.subject, e.body) for e in emails],
+        )
+
+
+# The tools ------------------------------------------------------------------------------------
+
+
+class ToolError(Exception):
+    """A bad tool call by the model: the message goes back to it as the tool's result."""
+
+
+class Inbox:
+    def __init__(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, check_same_thread=False)
+
+    def search_emails(self, query: str) -> str:
+        words = re.findall(r"\w+", str(query))
+        if not words:
+            raise ToolError("give a few keywords to search for")
+        rows = self.db.execute(
+            "SELECT rowid, sender, date, subject FROM emails WHERE emails MATCH ? ORDER BY rank LIMIT 5",
+            [" OR ".join(f'"{w}"' for w in words)],
+        ).fetchall()
+        if not rows:
+            return "No emails found."
+        return "\n".join(f"id {i} | {date} | {sender} | {subject}" for i, sender, date, subject in rows)
+
+    def read_email(self, email_id: Any) -> str:
+        row = self.db.execute(
+            "SELECT rowid, sender, date, subject, body FROM emails WHERE rowid = ?", [int(email_id)]
+        ).fetchone()
+        if row is None:
+            raise ToolError(f"there is no email with id {email_id}; search first and use an id it lists")
+        return "id {} | from {} | {}\nSubject: {}\n\n{}".format(*row)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {key: {"type": kind} for key, kind in properties.items()},
+                "required": list(properties),
+            },
+        },
+    }
+
+
+TOOLS = [
+    _tool(
+        "search_emails", "Search the inbox by keywords; lists matching emails with their ids.", query="string"
+    ),
+    _tool("read_email", "Read one email by its id.", email_id="integer"),
+    _tool(
+        "answer",
+        "Give the final answer and the id of the email it comes from.",
+        text="string",
+        email_id="integer",
+    ),
+]
+
+SYSTEM = "You answer questions about the user's inbox. Search, read the right email, then call answer."
+
+
+def _call(name: str, number: int, **arguments: Any) -> dict[str, Any]:
+    return {
+        "id": f"call_{number}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def _example(
+    number: int, question: str, query: str, hit: str, email: str, email_id: int, text: str
+) -> list[Any]:
+    """One worked conversation: the 135M model calls tools only after seeing some (FACTS.md)."""
+    return [
+        {"role": "user", "content": question},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("search_emails", number * 10, query=query)],
+        },
+        {"role": "tool", "tool_call_id": f"call_{number * 10}", "content": hit},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("read_email", number * 10 + 1, email_id=email_id)],
+        },
+        {"role": "tool", "tool_call_id": f"call_{number * 10 + 1}", "content": email},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("answer", number * 10 + 2, text=text, email_id=email_id)],
+        },
+        {"role": "tool", "tool_call_id": f"call_{number * 10 + 2}", "content": "Answer recorded."},
+        {"role": "assistant", "content": f"The answer is {text}."},
+    ]
+
+
+FEW_SHOT = [
+    {"role": "system", "content": SYSTEM},
+    *_example(
+        1,
+        "What is the confirmation code of my hotel in Madrid?",
+        "hotel Madrid",
+        "id 901 | 2025-03-02 | stay@hotels.example | Your hotel in Madrid is booked",
+        "id 901 | from stay@hotels.example | 2025-03-02\nSubject: Your hotel in Madrid is booked\n\n"
+        "Your room is ready. Confirmation code: HX42LM.",
+        901,
+        "HX42LM",
+    ),
+    *_example(
+        2,
+        "How much do I owe Bluebird Internet?",
+        "invoice Bluebird Internet",
+        "id 902 | 2025-05-17 | billing@bluebird.example | Invoice from Bluebird Internet",
+        "id 902 | from billing@bluebird.example | 2025-05-17\nSubject: Invoice from Bluebird Internet\n\n"
+        "Your invoice is ready. Amount due: $58.10.",
+        902,
+        "58.10",
+    ),
+]
+
+
+# The agent ------------------------------------------------------------------------------------
+
+
+def make_agent(model: jm.Model, inbox: Inbox, args: argparse.Namespace) -> Any:
+    @jm.trainable(model)
+    async def search_agent(scenario: dict[str, Any], client: Any) -> float:
+        """Up to ``--max-turns`` model calls; each tool call runs and its result goes back."""
+        messages: list[Any] = [*FEW_SHOT, {"role": "user", "content": scenario["question"]}]
+        listed: set[str] = set()  # ids the searches showed
+        read: set[str] = set()
+        for _ in range(args.max_turns):
+            response = await client.chat.completions.create(
+                messages=messages, tools=TOOLS, max_tokens=args.max_tokens, temperature=args.temperature
+            )
+            message = response.choices[0].message
+            if not message.tool_calls:
+                return grade(scenario, None, listed, read)  # prose instead of a tool call: no answer
+            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+            for call in message.tool_calls:
+                try:
+                    arguments = json.loads(call.function.arguments)
+                    if call.function.name == "answer":
+                        return grade(scenario, str(arguments.get("text", "")), listed, read)
+                    if call.function.name == "search_emails":
+                        result = inbox.search_emails(arguments["query"])
+                        listed.update(re.findall(r"^id (\d+) \|", result, re.MULTILINE))
+                    elif call.function.name == "read_email":
+                        result = inbox.read_email(arguments["email_id"])
+                        read.add(str(arguments["email_id"]))
+                    else:
+                        raise ToolError(f"there is no tool {call.function.name!r}")
+                except (ToolError, ValueError, KeyError, TypeError, sqlite3.Error) as error:
+                    result = f"{TOOL_ERROR} {type(error).__name__}: {error}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        return grade(scenario, None, listed, read)
+
+    return search_agent
+
+
+TOOL_ERROR = "Error:"
+
+
+def grade(scenario: dict[str, Any], answer: str | None, listed: set[str], read: set[str]) -> float:
+    """1 for the right answer; else 0.2 for having read the right email, 0.1 for having found it."""
+    if answer is not None and scenario["answer"].lower() in answer.lower():
+        return 1.0
+    email_id = str(scenario["email_id"])
+    return 0.2 if email_id in read else 0.1 if email_id in listed else 0.0
+
+
+def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> None:
+    """What the agent did (after the worked examples), read back from the captured conversation."""
+    own = trajectory.messages[len(FEW_SHOT) :]
+    calls = [c for m in own if m.role == "assistant" for c in (m.tool_calls or [])]
+    read = {
+        str(_arguments(c.function.arguments).get("email_id"))
+        for c in calls
+        if c.function.name == "read_email"
+    }
+    trajectory.metrics.update(
+        {
+            "agent_tool_calls": len(calls),
+            "tool_errors": sum(m.role == "tool" and str(m.content).startswith(TOOL_ERROR) for m in own),
+            "read_right_email": str(scenario["email_id"]) in read,
+            "answered": any(c.function.name == "answer" for c in calls),
+        }
+    )
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
+
+
+async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
+    """Train; returns what a test checks: the model, the groups of each step, a line per step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    if backend is None:
+        async with LocalBackend(root=args.root) as own:
+            return await main(args, own)
+    emails, questions = make_inbox(args.seed, args.inbox_size)
+    write_inbox(emails, args.root / "inbox.sqlite")
+    inbox = Inbox(args.root / "inbox.sqlite")
+    model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
+    await model.register(backend)
+    agent = make_agent(model, inbox, args)
+    after_each = None
+    if args.judge == "ruler":
+        judge = jm.Judge(
+            backend.router.base_name,  # the base model, served beside the policy
+            base_url=model.inference_base_url,
+            api_key=model.inference_api_key,
+            explanation_max_chars=100,
+            timeout=300,
+        )
+        after_each = functools.partial(jm.ruler_score_group, judge=judge, judge_weight=0.5, reward_weight=0.5)
+    summary: dict[str, Any] = {
+        "model": model,
+        "inbox": emails,
+        "questions": questions,
+        "groups": [],
+        "lines": [],
+    }
+    try:
+        for batch in jm.iterate_dataset(
+            questions, per_step=args.questions, epochs=args.steps, initial_step=await model.get_step()
+        ):
+            if batch.step >= args.steps:  # --steps counts from step 0, resumed runs too
+                break
+            groups = await jm.gather_trajectory_groups(
+                (agent.group(q, n=args.group_size) for q in batch.items),
+                max_exceptions=args.max_failures,
+                after_each=after_each,
+                description=f"step {batch.step}",
+            )
+            by_id = {q["id"]: q for q in batch.items}
+            for group in groups:
+                for trajectory in group:
+                    add_episode_metrics(trajectory, by_id[str(trajectory.metadata["scenario_id"])])
+            result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
+            trajectories = [t for g in groups for t in g]
+            rewards = [r for g in groups for r in g.rewards]
+            line = {
+                "step": result.step,
+                "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+                "answered": sum(bool(t.metrics["answered"]) for t in trajectories),
+                "read_right_email": sum(bool(t.metrics["read_right_email"]) for t in trajectories),
+                "tool_errors": sum(int(t.metrics["tool_errors"]) for t in trajectories),
+                "failures": sum(len(g.failures) for g in groups),
+            }
+            print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
+            summary["groups"].append(groups)
+            summary["lines"].append(line)
+    finally:
+        inbox.close()
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--questions", type=int, default=4, help="questions per step")
+    parser.add_argument("--group-size", type=int, default=8, help="attempts per question")
+    parser.add_argument("--inbox-size", type=int, default=60)
+    parser.add_argument("--max-turns", type=int, default=4, help="model calls per attempt")
+    parser.add_argument("--max-tokens", type=int, default=96, help="longest reply per model call")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--judge", choices=["none", "ruler"], default="none")
+    parser.add_argument("--max-failures", type=float, default=0.25, help="share of rollouts allowed to fail")
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default="email-search")
+    parser.add_argument("--base-model", default="smollm2-135m")
+    parser.add_argument("--root", type=Path, default=Path(".journeyman"))
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

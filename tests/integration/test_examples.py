@@ -1,0 +1,257 @@
+"""Smoke runs of examples/: each runs its whole loop with tiny flags on the embedded model.
+
+One LocalBackend (one vLLM server, one gateway) serves every example of this module, each under
+its own model name: rollouts through the gateway, reward, one training step, redeploy. The tests
+check behaviour (token-exact trajectories, rewards in range, the step trained and served, failures
+counted), not what the model learned.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+import journeyman as jm
+from journeyman.backend import LocalBackend
+from tests.integration.test_langgraph_capture import check_token_exact
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def load(name: str) -> ModuleType:
+    """An example script as a module (examples/ is no package: each script stands alone)."""
+    if f"example_{name}" in sys.modules:
+        return sys.modules[f"example_{name}"]
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / name / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
+    async with LocalBackend(root=tmp_path_factory.mktemp("examples")) as backend:
+        yield backend
+
+
+async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> None:
+    """One step trained from the groups, checkpointed, and its adapter is what the name serves now."""
+    model: jm.TrainableModel = summary["model"]
+    assert [line["step"] for line in summary["lines"]] == [1]
+    assert await model.get_step() == 1 and await model.list_checkpoints() == [0, 1]
+    assert backend.router.resolve(model.name) == (f"{model.name}@1", 1)
+    response = await model.openai_client().chat.completions.create(
+        model=model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    record = backend.records.get(response.id)
+    assert record is not None and record.served_model == f"{model.name}@1" and record.policy_version == 1
+    history = model.store.read_history()
+    assert [(row["step"], row["split"]) for row in history] == [(1, "train")]
+    groups = summary["groups"][0]
+    trained = [r for g in groups for r in g.rewards]
+    if trained:  # the trainer saw the same rewards the example reports
+        assert history[0]["reward/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+    # A gradient step happens exactly when some group's rewards differ (else the adapter is kept).
+    assert ("train/loss" in history[0]) is any(len(set(g.rewards)) > 1 for g in groups)
+    assert summary["lines"][0]["failures"] == sum(len(g.failures) for g in groups)
+
+
+def check_sampled_by_base(trajectory: jm.Trajectory) -> None:
+    """Step 0 serves the base model: every turn of the step's rollouts came from version 0."""
+    assert trajectory.initial_policy_version == trajectory.final_policy_version == 0
+
+
+# tic_tac_toe ----------------------------------------------------------------------------------
+
+
+class ScriptedClient:
+    """An OpenAI-shaped client that answers with the given replies in order, and keeps the requests.
+    A reply of None names the first empty cell of the board in the last user message."""
+
+    def __init__(self, replies: list[str | None]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
+        self.chat = SimpleNamespace(completions=self)
+
+    async def create(self, **request: Any) -> Any:
+        self.requests.append(json.loads(json.dumps(request)))
+        reply = self.replies.pop(0) if self.replies else None
+        if reply is None:
+            board = request["messages"][-1]["content"].split("\n\n")[-2]
+            reply = next(c for c in board if c.isdigit())
+        message = SimpleNamespace(content=reply, tool_calls=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)])
+
+
+async def test_tic_tac_toe_rules_illegal_moves_and_forfeit() -> None:
+    game = load("tic_tac_toe")
+    args = game.parse_args(["--max-illegal", "1", "--skill", "1.0"])
+    play = game.make_agent(
+        jm.Model(name="scripted", project="t", inference_base_url="http://unused/v1"), args
+    )
+    # X takes 1, 2 and 3 in a row unless O blocks; with skill 1 O blocks, so X must adapt.
+    assert game.winner(list("XXX      ")) == "X" and game.winner(list("XOX      ")) is None
+    assert game.parse_move("I pick 5.") == 4 and game.parse_move("middle") is None
+    assert game.opponent_move(list("XX  O    "), __import__("random").Random(0), 1.0) == 2  # blocks
+
+    # An occupied cell, then no number at all: two illegal moves with --max-illegal 1 forfeit.
+    scenario = {"id": "g", "seed": 0, "x_first": True}
+    client = ScriptedClient(["5", "5", "the centre"])
+    assert await play.function(scenario, client=client) == game.REWARDS["forfeit"]
+    last = client.requests[-1]["messages"]
+    assert last[-1]["content"].startswith(f"{game.ILLEGAL}: cell 5 is taken")
+    assert sum(m["role"] == "user" and m["content"].startswith(game.ILLEGAL) for m in last) == 1
+
+    # One illegal move is forgiven: the model is told why and asked again; the game goes on to an end.
+    client = ScriptedClient(["5", "5"])
+    reward = await play.function(scenario, client=client)
+    assert reward in game.REWARDS.values() and reward != game.REWARDS["forfeit"]
+    last = client.requests[-1]["messages"]
+    assert sum(m["role"] == "user" and m["content"].startswith(game.ILLEGAL) for m in last) == 1
+    assert 4 <= len(client.requests) <= 6  # X's moves: 3 to 5 legal ones, and the illegal one
+
+
+async def test_tic_tac_toe_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
+    game = load("tic_tac_toe")
+    tiny = "--steps 1 --games 2 --group-size 2 --max-tokens 6"
+    args = game.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await game.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    line = summary["lines"][0]
+    assert sum(line[name] for name in game.REWARDS) == sum(len(g) for g in groups)
+    for trajectory in (t for g in groups for t in g):
+        assert trajectory.reward in game.REWARDS.values()
+        assert game.REWARDS[str(trajectory.metadata["outcome"])] == trajectory.reward
+        told = sum(m.role == "user" and str(m.content).startswith(game.ILLEGAL) for m in trajectory.messages)
+        forfeit = trajectory.metadata["outcome"] == "forfeit"
+        assert trajectory.metrics["illegal_moves"] == told + forfeit
+        if forfeit:  # the last illegal move ended the game, unanswered
+            assert told == args.max_illegal
+        assert trajectory.messages[0].content == game.SYSTEM
+        assert trajectory.metrics["calls_without_tokens"] == 0
+        check_sampled_by_base(trajectory)
+        check_token_exact(trajectory, backend.gateway, tokenizer)
+    assert line["illegal_moves"] == sum(t.metrics["illegal_moves"] for g in groups for t in g)
+
+
+# email_search ---------------------------------------------------------------------------------
+
+
+def test_email_inbox_and_tools(tmp_path: Path) -> None:
+    email = load("email_search")
+    emails, questions = email.make_inbox(seed=0, size=60)
+    assert (emails, questions) == email.make_inbox(seed=0, size=60)  # seeded
+    assert len(questions) >= 4
+    email.write_inbox(emails, tmp_path / "inbox.sqlite")
+    inbox = email.Inbox(tmp_path / "inbox.sqlite")
+    for question in questions:
+        target = emails[question["email_id"] - 1]
+        assert question["answer"] in target.body
+        # The question's own words find its email, and reading it shows the answer.
+        assert f"id {target.id} |" in inbox.search_emails(question["question"])
+        assert question["answer"] in inbox.read_email(target.id)
+        right = {str(target.id)}
+        assert email.grade(question, f"It is {question['answer']}.", set(), set()) == 1.0
+        assert email.grade(question, "no idea", right, right) == 0.2
+        assert email.grade(question, "no idea", right, set()) == 0.1
+        assert email.grade(question, None, {"0"}, {"0"}) == 0.0
+    with pytest.raises(email.ToolError, match="no email with id 9999"):
+        inbox.read_email(9999)
+    with pytest.raises(ValueError):
+        inbox.read_email("the first one")
+    with pytest.raises(email.ToolError, match="keywords"):
+        inbox.search_emails("?!")
+    assert inbox.search_emails('AND OR "NEAR(') != ""  # FTS5 syntax in a query is only words to us
+    inbox.close()
+
+
+async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
+    email = load("email_search")
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-turns 3 --max-tokens 48"
+    args = email.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await email.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    assert (tmp_path / "inbox.sqlite").is_file()
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    few_shot = len(email.FEW_SHOT)
+    for trajectory in (t for g in groups for t in g):
+        assert trajectory.reward in (0.0, 0.1, 0.2, 1.0)
+        question = next(q for q in summary["questions"] if q["id"] == trajectory.metadata["scenario_id"])
+        assert trajectory.messages[few_shot].content == question["question"]
+        assert {t.function.name for t in trajectory.tools or []} == {"search_emails", "read_email", "answer"}
+        tool_results = [m for m in trajectory.messages[few_shot:] if m.role == "tool"]
+        errors = sum(str(m.content).startswith(email.TOOL_ERROR) for m in tool_results)
+        assert trajectory.metrics["tool_errors"] == errors
+        calls = [
+            c.function.name
+            for m in trajectory.messages[few_shot:]
+            for c in getattr(m, "tool_calls", None) or []
+        ]
+        assert trajectory.metrics["agent_tool_calls"] == len(calls)
+        assert trajectory.metrics["answered"] is ("answer" in calls)
+        if trajectory.reward == 1.0:
+            assert trajectory.metrics["answered"]
+        if trajectory.reward == 0.2:
+            assert trajectory.metrics["read_right_email"]
+        assert len(trajectory.model_turns) <= args.max_turns
+        assert trajectory.metrics["calls_without_tokens"] == 0
+        check_sampled_by_base(trajectory)
+        check_token_exact(trajectory, backend.gateway, tokenizer)
+
+
+# crewai_crew ----------------------------------------------------------------------------------
+
+
+async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
+    backend: Any, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journeyman.backend.settings import journeyman_home
+
+    # CrewAI writes under HOME, even on import; the converted model stays where it is.
+    monkeypatch.setenv("JOURNEYMAN_HOME", str(journeyman_home()))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CREWAI_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("CREWAI_TRACING_ENABLED", "false")
+    monkeypatch.chdir(tmp_path)
+    crew = load("crewai_crew")
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-tokens 48"
+    args = crew.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await crew.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    judged = 0
+    for group in groups:
+        judge_failed = group.metrics.get("judge/failed", 0) == 1  # no metric: no run to judge
+        assert judge_failed is any(f.stage == "judge" for f in group.failures)
+        judged += not judge_failed
+        for trajectory in group:
+            assert trajectory.metrics["programmatic_reward"] in (0.0, 1.0)
+            if judge_failed:  # never trained on invented scores
+                assert trajectory.reward is None
+            else:
+                assert trajectory.reward == trajectory.metrics["ruler_score"] and 0 <= trajectory.reward <= 1
+            names = [h.name for h in trajectory.histories]
+            assert names[0] == "Calculator" and set(names) == {"Calculator", "Writer"}
+            assert {t.function.name for t in trajectory.histories[0].tools or []} == {"add", "multiply"}
+            assert (
+                trajectory.metrics["calls_without_tokens"] == 0 and trajectory.metrics["tracer_errors"] == 0
+            )
+            check_sampled_by_base(trajectory)
+            for history in trajectory.histories:
+                check_token_exact(history, backend.gateway, tokenizer)
+    assert summary["lines"][0]["judge_failures"] == 2 - judged
