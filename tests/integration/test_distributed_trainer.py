@@ -1,0 +1,114 @@
+"""Data-parallel training: two gloo processes under torchrun take the same step as one process.
+
+The file is also the torchrun entry point (``__main__`` below): each rank trains one step on its
+share of the same groups and saves its LoRA weights for the test to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journeyman as jm
+from journeyman.config import TrainConfig
+
+CONFIG = TrainConfig(learning_rate=1e-3, micro_batch_tokens=64)
+
+
+def groups(tokenizer: Any) -> list[jm.TrajectoryGroup]:
+    """Two questions with four answers each (rewards spread), token-exact."""
+    result = []
+    for question, answers in [
+        ("What is 2+3?", [("5", 1.0), ("6", 0.0), ("It is 5.", 1.0), ("nine, I think", 0.0)]),
+        ("Name a colour.", [("Blue.", 1.0), ("A dog", 0.0), ("Red is a colour.", 1.0), ("7", 0.0)]),
+    ]:
+        messages = [{"role": "user", "content": question}]
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        trajectories = []
+        for answer, reward in answers:
+            completion = [*tokenizer(answer, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+            turn = {
+                "type": "model_turn",
+                "message": {"role": "assistant", "content": answer},
+                "prompt_token_ids": list(prompt),
+                "completion_token_ids": completion,
+                "logprobs": [-1.0] * len(completion),
+            }
+            trajectories.append(jm.Trajectory(conversation=[*messages, turn], reward=reward))
+        result.append(jm.TrajectoryGroup(trajectories))
+    return result
+
+
+def lora_weights(trainer: Any) -> dict[str, Any]:
+    return {name: p.detach().clone().contiguous() for name, p in trainer._trainable()}
+
+
+def _rank_main(out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from journeyman.backend.distributed import DataParallelTrainer
+
+    rank = int(os.environ["RANK"])
+    root = out / f"root{rank}"  # separate stores: rank 1 needs no shared disk and writes nothing
+    trainer = DataParallelTrainer(
+        "smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1, precision="fp32"
+    )
+    trainer.load()
+    result = trainer.train_step(groups(trainer.tokenizer), CONFIG)
+    save_file(lora_weights(trainer), str(out / f"rank{rank}.safetensors"))
+    (out / f"metrics{rank}.json").write_text(json.dumps(result.metrics))
+
+
+@pytest.mark.timeout(900)
+def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path: Path, model_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from journeyman.backend.trainer import Trainer
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        __file__, str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=800, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    single = Trainer(
+        "smollm2-135m", jm.ModelStore("test", "agent", root=tmp_path / "single"), threads=1, precision="fp32"
+    )
+    single.load()
+    before = lora_weights(single)
+    expected = single.train_step(groups(single.tokenizer), CONFIG)
+    reference = lora_weights(single)
+
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1)]
+    changed = 0
+    for name, value in reference.items():
+        for weights in ranks:
+            torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
+        changed += not torch.equal(value, before[name])
+    assert changed == len(reference) // 2  # every lora_B moved (lora_A has no gradient at step 1)
+    assert torch.equal(ranks[0][name], ranks[1][name])  # the ranks stay identical
+
+    metrics = [json.loads((tmp_path / f"metrics{r}.json").read_text()) for r in (0, 1)]
+    for key in ("train/loss", "train/grad_norm", "train/entropy", "data/trained_tokens"):
+        assert metrics[0][key] == pytest.approx(expected.metrics[key], rel=1e-4), key
+        assert metrics[1][key] == metrics[0][key]
+    # Each rank trained its own share: together they made at least as many micro-batches.
+    assert metrics[0]["train/micro_batches"] >= expected.metrics["train/micro_batches"]
+    # Only rank 0 wrote checkpoints (step 0 and step 1).
+    assert jm.ModelStore("test", "agent", root=tmp_path / "root0").checkpoint_steps() == [0, 1]
+    assert jm.ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
+
+
+if __name__ == "__main__":
+    _rank_main(Path(sys.argv[1]))
