@@ -114,9 +114,12 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path: Path, model_
             grad = gradients[f"grad/{name}"]
             scale = float(grad.abs().max()) or 1.0
             torch.testing.assert_close(weights[f"grad/{name}"], grad, rtol=1e-3, atol=1e-5 * scale, msg=name)
-            # ... and so is the step (AdamW's first step is ~lr x sign(g); tolerance as in
-            # test_trainer's gradient-checkpointing check).
-            assert torch.allclose(weights[name], value, atol=1e-5, rtol=0), name
+            # ... and so is the step. AdamW's first step is lr x g / (|g| + eps): where |g| is
+            # near eps (1e-8) rounding in g moves it by up to ~lr/10 (measured: 5e-5, a few
+            # elements in thousands); elsewhere it is exact to 1e-6.
+            conditioned = grad.abs() > 1e-6
+            assert torch.allclose(weights[name][conditioned], value[conditioned], atol=1e-6, rtol=0), name
+            assert torch.allclose(weights[name], value, atol=0.1 * CONFIG.learning_rate, rtol=0), name
         changed += not torch.equal(value, before[name])
         assert torch.equal(ranks[0][name], ranks[1][name])  # the ranks stay identical
     assert changed == len(reference) // 2  # every lora_B moved (lora_A has no gradient at step 1)
