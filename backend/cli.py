@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -54,15 +54,47 @@ def serve(
         str | None, typer.Option(envvar="JOURNEYMAN_TOKEN", help="Bearer token clients must send.")
     ] = None,
     root: Root = None,
+    push_to: Annotated[
+        list[str] | None,
+        typer.Option(help="Also deploy each trained step to this remote `journeyman serve` (repeatable)."),
+    ] = None,
+    push_token: Annotated[
+        str | None,
+        typer.Option(envvar="JOURNEYMAN_PUSH_TOKEN", help="Bearer token of the --push-to servers."),
+    ] = None,
+    tensor_parallel: Annotated[int, typer.Option(help="vLLM --tensor-parallel-size (GPUs per replica).")] = 1,
+    data_parallel: Annotated[int, typer.Option(help="vLLM --data-parallel-size (engine copies).")] = 1,
 ) -> None:
-    """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1."""
+    """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
+
+    Under ``torchrun --nproc-per-node N -m journeyman.backend serve ...`` the trainer is data
+    parallel: rank 0 serves, the other ranks train their share of each step.
+    """
+    import os
+
     import uvicorn
 
+    from .fleet import AdapterPush
     from .local import LocalBackend
     from .server import check_bind, create_app
+    from .vllm import VLLMConfig
 
     check_bind(host, token)
-    backend = LocalBackend(root=root, gateway_thread=False)
+    options: dict[str, Any] = {}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from .distributed import LeaderTrainer, follow, init_distributed
+
+        rank, _ = init_distributed()
+        if rank != 0:
+            follow()
+            return
+        options["trainer_class"] = LeaderTrainer
+    if tensor_parallel != 1 or data_parallel != 1:
+        options["vllm"] = VLLMConfig(
+            model="", tensor_parallel_size=tensor_parallel, data_parallel_size=data_parallel
+        )
+    push = AdapterPush(push_to, push_token) if push_to else None
+    backend = LocalBackend(root=root, gateway_thread=False, push_to=push, **options)
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
 

@@ -403,7 +403,7 @@ class Gateway:
         self.router.begin(served)
         try:
             upstream_request = self.client.build_request(
-                "POST", self.router.server.base_url + path, json=upstream
+                "POST", self.router.server.url_for(rollout_id) + path, json=upstream
             )
             response = await self.client.send(upstream_request, stream=True)
         except (httpx.HTTPError, OSError) as error:

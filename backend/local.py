@@ -26,6 +26,7 @@ from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
+from .fleet import AdapterPush
 from .gateway import Gateway, GatewayThread, RecordLog
 from .models import EMBEDDED_MODELS, resolve_base_model
 from .router import Router
@@ -51,6 +52,8 @@ class LocalBackend:
         gateway_port: int | None = None,
         gateway_thread: bool = True,
         watch_interval: float = 2.0,
+        push_to: AdapterPush | None = None,
+        trainer_class: type[Trainer] = Trainer,
     ) -> None:
         self.root = Path(root) if root is not None else default_root()
         self._vllm_config = vllm
@@ -73,6 +76,10 @@ class LocalBackend:
         self._base: Path | str | None = None
         self._trainers: dict[str, Trainer] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        self.push_to = push_to
+        """Also deploy each trained step to these remote gateways (backend/fleet.py)."""
+        self.trainer_class = trainer_class
+        """``LeaderTrainer`` under torchrun (backend/distributed.py)."""
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -139,10 +146,17 @@ class LocalBackend:
         else:
             router = self.router
 
-            async def deploy(path: Path, step: int) -> Any:
-                return await router.deploy(model.name, path, step)
+            push = self.push_to.deployer(model.name, str(model.base_model)) if self.push_to else None
 
-            trainer = Trainer(base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy)
+            async def deploy(path: Path, step: int) -> Any:
+                served = await router.deploy(model.name, path, step)
+                if push is not None:
+                    await push(path, step)
+                return served
+
+            trainer = self.trainer_class(
+                base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy
+            )
             await asyncio.to_thread(trainer.load)
             self._trainers[model.name] = trainer
             if trainer.step == 0:
@@ -153,6 +167,13 @@ class LocalBackend:
                 await self.router.deploy(model.name, trainer.adapter_path(), trainer.step)
         base_url = f"{self.gateway.base_url}/v1" if self.gateway is not None else ""
         return Registration(base_url=base_url, api_key="local", step=trainer.step)
+
+    async def deploy_adapter(self, name: str, base_model: str, adapter_dir: Path, step: int) -> str:
+        """Serve an adapter trained elsewhere as ``name@step`` (and ``name``); start vLLM if needed."""
+        base = await asyncio.to_thread(resolve_base_model, base_model)
+        await self._serve(base)
+        assert self.router is not None
+        return await self.router.deploy(name, adapter_dir, step)
 
     def _trainer(self, model: TrainableModel) -> Trainer:
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from journeyman.errors import AdapterError, ConfigError
 from journeyman.store import validate_name
 
+from .fleet import Replicas
 from .vllm import VLLMServer
 
 __all__ = ["Deployment", "Router"]
@@ -44,7 +45,9 @@ class Deployment:
 class Router:
     """Resolves model names for the gateway and deploys adapters to the vLLM server."""
 
-    def __init__(self, server: VLLMServer, *, keep_versions: int = 2, drain_timeout: float = 600.0) -> None:
+    def __init__(
+        self, server: VLLMServer | Replicas, *, keep_versions: int = 2, drain_timeout: float = 600.0
+    ) -> None:
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be at least 1 (the current version), got {keep_versions}")
         self.server = server

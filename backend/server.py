@@ -8,6 +8,7 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     POST   /api/models/{project}/{name}/train            {groups, config} -> NDJSON progress events
     GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
+    PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (fleet.py)
     /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
 
 Binding beyond loopback without a token is refused. Tokens are compared in constant time and
@@ -40,6 +41,7 @@ from journeyman.model import TrainableModel
 from journeyman.store import validate_name
 from journeyman.trajectory import TrajectoryGroup, format_validation_error
 
+from .fleet import deployment_route
 from .local import LocalBackend
 
 __all__ = ["MAX_BODY_BYTES", "check_bind", "create_app"]
@@ -215,6 +217,7 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         Route("/api/models/{project}/{name}/step", step, methods=["GET"]),
         Route("/api/models/{project}/{name}/train", train, methods=["POST"]),
         Route("/api/models/{project}/{name}/checkpoints", checkpoints, methods=["GET", "DELETE"]),
+        deployment_route(backend),  # adapters pushed by a trainer on another machine
     ]
 
     @contextlib.asynccontextmanager

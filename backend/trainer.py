@@ -310,12 +310,13 @@ class Trainer:
             self.model.enable_input_require_grads()
         totals = _Totals(sequences)
         start = time.perf_counter()
-        for rows in pack(sequences, config.micro_batch_tokens, self._row_cost):
+        for rows in pack(self._local_share(sequences), config.micro_batch_tokens, self._row_cost):
             self._forward_backward(rows, advantage, config, totals)
         timings["time/forward_backward"] = time.perf_counter() - start
 
         start = time.perf_counter()
         params = [p for _, p in self._trainable()]
+        self._synchronise(params, totals)
         max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
@@ -329,6 +330,13 @@ class Trainer:
         metrics["train/learning_rate"] = config.learning_rate
         metrics.update(timings)
         return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+
+    def _local_share(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
+        """The sequences this process trains on (all of them; data parallel trains a share)."""
+        return sequences
+
+    def _synchronise(self, params: list[torch.nn.Parameter], totals: _Totals) -> None:
+        """Combine the gradients and step totals of all processes (nothing to do alone)."""
 
     def _checkpoint_timed(self, metrics: dict[str, float]) -> Path:
         start = time.perf_counter()

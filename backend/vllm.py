@@ -92,6 +92,11 @@ class VLLMConfig:
     cpu_lora_plugin: bool = True
     """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
     (``backend/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
+    tensor_parallel_size: int = 1
+    """GPUs one replica's weights are split over (``--tensor-parallel-size``)."""
+    data_parallel_size: int = 1
+    """Engine copies inside this server, each on its own GPUs (``--data-parallel-size``); for
+    replicas on several machines, see ``backend/fleet.py``'s ``Replicas``."""
     startup_timeout: float = 300.0
     extra_args: tuple[str, ...] = ()
     """Further command-line arguments passed to vLLM as they are."""
@@ -117,6 +122,10 @@ class VLLMServer:
         if self.port is None:
             raise BackendError("the vLLM server has not been started: call start() first")
         return f"http://{self.config.host}:{self.port}"
+
+    def url_for(self, rollout_id: str | None) -> str:
+        """Where the gateway sends a request of this rollout (``Replicas`` picks among servers)."""
+        return self.base_url
 
     @property
     def device(self) -> Literal["cpu", "cuda"]:
@@ -151,6 +160,10 @@ class VLLMServer:
             cmd += ["--chat-template", str(template)]
         if self.device == "cuda":
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        if c.tensor_parallel_size != 1:
+            cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
+        if c.data_parallel_size != 1:
+            cmd += ["--data-parallel-size", str(c.data_parallel_size)]
         return cmd + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -20,6 +20,7 @@ SCRIPTS = [
     "redeploy_latency",
     "rollout_throughput",
     "train_throughput",
+    "shared_prefix",
     "rl_step",
     "tracer_overhead",
     "load",

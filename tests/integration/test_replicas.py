@@ -1,0 +1,81 @@
+"""Two CPU vLLM replicas behind one gateway: adapters on both, each rollout sticks to one."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from journeyman.backend.fleet import Replicas
+from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.router import Router
+from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from tests.integration.conftest import MAX_LORA_RANK, SERVED_BASE, make_adapter
+
+
+@pytest.fixture
+def replicas(model_dir: Path, tmp_path: Path) -> Iterator[Replicas]:
+    servers = [
+        VLLMServer(
+            VLLMConfig(
+                model=model_dir,
+                served_name=SERVED_BASE,
+                max_lora_rank=MAX_LORA_RANK,
+                kv_cache_gib=1,
+                cpu_cores=str(core),  # one core each
+                reserved_cpus=0,
+            ),
+            log_path=tmp_path / f"vllm{core}.log",
+        )
+        for core in (0, 1)
+    ]
+    group = Replicas(servers).start(timeout=600)
+    yield group
+    group.stop()
+
+
+def _requests(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+async def test_rollouts_stick_to_one_replica_and_adapters_load_on_both(
+    replicas: Replicas, model_dir: Path, tmp_path: Path
+) -> None:
+    router = Router(replicas)
+    records = RecordLog(tmp_path / "records.jsonl")
+    adapter = make_adapter(model_dir, tmp_path / "adapter")
+    with GatewayThread(Gateway(router, records)) as gateway:
+        await router.deploy("agent", adapter, 1)
+        for server in replicas.servers:
+            names = {m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]}
+            assert "agent@1" in names, server.base_url
+
+        before = {s.base_url: _requests(s.base_url) for s in replicas.servers}
+        rollouts = [f"rollout-{i}" for i in range(6)]
+        expected: Counter[str] = Counter()
+        async with httpx.AsyncClient(timeout=300) as client:
+            for rollout in rollouts:
+                messages = [{"role": "user", "content": f"Count to three, {rollout}."}]
+                for _ in range(2):  # two turns: the second extends the first's prefix
+                    response = await client.post(
+                        f"{gateway.base_url}/r/{rollout}/v1/chat/completions",
+                        json={"model": "agent", "messages": messages, "max_tokens": 6, "temperature": 0},
+                    )
+                    assert response.status_code == 200, response.text
+                    messages += [
+                        response.json()["choices"][0]["message"],
+                        {"role": "user", "content": "Go on."},
+                    ]
+                    expected[replicas.url_for(rollout)] += 1
+        served = {s.base_url: _requests(s.base_url) - before[s.base_url] for s in replicas.servers}
+        assert served == {
+            url: float(expected[url]) for url in served
+        }  # every turn went where its rollout maps
+        assert all(expected[s.base_url] for s in replicas.servers)  # and both replicas were used
+        assert {r.rollout_id for r in records.for_rollout("rollout-0")} == {"rollout-0"}
+    records.close()
