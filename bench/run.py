@@ -22,6 +22,7 @@ SCRIPTS = [
     "train_throughput",
     "rl_step",
     "tracer_overhead",
+    "demo_curve",
 ]
 
 
