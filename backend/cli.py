@@ -68,8 +68,10 @@ def serve(
 
 @app.command("demo")
 def demo(
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 16,
-    scenarios_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 8,
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 32,
+    scenarios_per_step: Annotated[
+        int, typer.Option(help="Questions per step (half sums, half products).")
+    ] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per question (a GRPO group).")] = 8,
     train_scenarios: Annotated[int, typer.Option(help="Training questions (generated from the seed).")] = 256,
     val_scenarios: Annotated[int, typer.Option(help="Held-out questions.")] = 40,
@@ -78,7 +80,7 @@ def demo(
     ] = 4,
     temperature: Annotated[float, typer.Option(help="Sampling temperature for training rollouts.")] = 0.7,
     max_tokens: Annotated[int, typer.Option(help="Longest model turn, in tokens.")] = 48,
-    learning_rate: Annotated[float, typer.Option(help="LoRA learning rate.")] = 2e-4,
+    learning_rate: Annotated[float, typer.Option(help="LoRA learning rate.")] = 5e-4,
     loss: Annotated[str, typer.Option(help="grpo, dr_grpo, dapo, gspo or cispo.")] = "dapo",
     rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
     shaping: Annotated[
