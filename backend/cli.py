@@ -69,6 +69,9 @@ def serve(
 @app.command("demo")
 def demo(
     steps: Annotated[int, typer.Option(help="Training steps.")] = 32,
+    max_train_minutes: Annotated[
+        float | None, typer.Option(help="Stop training after this many minutes (then evaluate).")
+    ] = 30.0,
     scenarios_per_step: Annotated[
         int, typer.Option(help="Questions per step (half sums, half products).")
     ] = 4,
@@ -103,7 +106,7 @@ def demo(
     from .demo import DemoConfig, run_demo
 
     config = DemoConfig(
-        steps=steps, scenarios_per_step=scenarios_per_step, group_size=group_size,
+        steps=steps, max_train_minutes=max_train_minutes, scenarios_per_step=scenarios_per_step, group_size=group_size,
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, shaping=shaping, judge=judge, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]

@@ -216,6 +216,8 @@ async def rollout(
 class DemoConfig:
     steps: int = 32
     """Training steps."""
+    max_train_minutes: float | None = 30.0
+    """Stop training once this much time went into it (then evaluate as usual)."""
     scenarios_per_step: int = 4
     group_size: int = 8
     train_scenarios: int = 256
@@ -243,6 +245,7 @@ class DemoConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.steps >= 0, "steps must be >= 0"),
+            (self.max_train_minutes is None or self.max_train_minutes > 0, "max_train_minutes must be > 0"),
             (self.group_size >= 2, "group_size must be >= 2 (GRPO compares the rollouts of a group)"),
             (min(self.scenarios_per_step, self.val_scenarios, self.val_samples, self.max_tokens, self.rank) >= 1,
              "scenarios_per_step, val_scenarios, val_samples, max_tokens and rank must be >= 1"),
@@ -401,7 +404,10 @@ class Demo:
                 initial_step=await model.get_step(),
                 seed=None,
             ):
-                if batch.step >= c.steps:
+                spent = (time.monotonic() - train_started) / 60
+                if batch.step >= c.steps or (
+                    c.max_train_minutes is not None and spent >= c.max_train_minutes
+                ):
                     break
                 t0 = time.monotonic()
                 groups = await self._groups(
@@ -440,7 +446,7 @@ class Demo:
             f"held-out success {before.sampled.get('success', 0):.0%} -> {after.sampled.get('success', 0):.0%} "
             f"(T={c.temperature}), greedy {before.greedy.get('success', 0):.0%} -> {after.greedy.get('success', 0):.0%}, "
             f"word problems {before.sampled.get('success_word', 0):.0%} -> {after.sampled.get('success_word', 0):.0%} "
-            f"after {c.steps} steps in {train_minutes:.1f} min of training ({(time.monotonic() - started) / 60:.1f} min in all)"
+            f"after {after.step - before.step} steps in {train_minutes:.1f} min of training ({(time.monotonic() - started) / 60:.1f} min in all)"
         )
         console.print(f"[bold green]{summary}[/bold green]")
         console.print(

@@ -38,7 +38,7 @@ def section(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         f"### Demo learning curve (`journeyman demo`; {machine()})",
         "",
-        f"{config['steps']} steps x {config['scenarios_per_step']} questions x groups of {config['group_size']}, "
+        f"{report['after']['step'] - report['before']['step']} steps x {config['scenarios_per_step']} questions x groups of {config['group_size']}, "
         f"loss {config['loss']}, learning rate {config['learning_rate']}, LoRA rank {config['rank']}, "
         f"temperature {config['temperature']}; held-out: {config['val_scenarios']} questions x "
         f"{config['val_samples']} samples, plus one greedy. Training took {report['train_minutes']:.1f} min "

@@ -119,7 +119,12 @@ def test_summarize_splits_word_problems() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("group_size", 1, "group_size"), ("loss", "ppo", "unknown loss"), ("judge", "gpt", "unknown judge")],
+    [
+        ("group_size", 1, "group_size"),
+        ("max_train_minutes", 0, "max_train_minutes"),
+        ("loss", "ppo", "unknown loss"),
+        ("judge", "gpt", "unknown judge"),
+    ],
 )
 def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
