@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup test test-unit test-integration test-faults check format bench clean
+.PHONY: setup test test-unit test-integration test-faults check format bench demo clean
 
 setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
@@ -24,6 +24,9 @@ check: setup  ## lint, format check, types (strict on core/)
 	$(VENV)/bin/ruff check core integrations backend tests bench examples
 	$(VENV)/bin/ruff format --check core integrations backend tests bench examples
 	VENV=$(VENV) bash scripts/typecheck.sh
+
+demo: setup  ## the main job: teach the embedded model a LangGraph tool task on this machine (~30 min on 2 cores)
+	$(VENV)/bin/journeyman demo $(DEMO_ARGS)
 
 bench: setup  ## timings (not tests): writes bench/results.md
 	$(PY) -m bench.run

@@ -98,6 +98,55 @@ def serve(
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
 
+@app.command("demo")
+def demo(
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 32,
+    max_train_minutes: Annotated[
+        float | None, typer.Option(help="Stop training after this many minutes (then evaluate).")
+    ] = 30.0,
+    scenarios_per_step: Annotated[
+        int, typer.Option(help="Questions per step (half sums, half products).")
+    ] = 4,
+    group_size: Annotated[int, typer.Option(help="Rollouts per question (a GRPO group).")] = 8,
+    train_scenarios: Annotated[int, typer.Option(help="Training questions (generated from the seed).")] = 256,
+    val_scenarios: Annotated[int, typer.Option(help="Held-out questions.")] = 40,
+    val_samples: Annotated[
+        int, typer.Option(help="Samples per held-out question at the training temperature.")
+    ] = 4,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature for training rollouts.")] = 0.7,
+    max_tokens: Annotated[int, typer.Option(help="Longest model turn, in tokens.")] = 48,
+    learning_rate: Annotated[float, typer.Option(help="LoRA learning rate.")] = 5e-4,
+    loss: Annotated[str, typer.Option(help="grpo, dr_grpo, dapo, gspo or cispo.")] = "dapo",
+    rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
+    shaping: Annotated[
+        float, typer.Option(help="Reward for the right tool call when the answer is wrong.")
+    ] = 0.0,
+    judge: Annotated[
+        str, typer.Option(help="none, or ruler: the local base model judges each group.")
+    ] = "none",
+    langfuse: Annotated[
+        bool, typer.Option(help="Export every trajectory to Langfuse (LANGFUSE_* keys).")
+    ] = False,
+    zero_shot_eval: Annotated[
+        bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed for the questions and training.")] = 0,
+    name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
+    root: Root = None,
+) -> None:
+    """Teach the embedded model a LangGraph calculator task on this machine, before/after evaluation included."""
+    from .demo import DemoConfig, run_demo
+
+    config = DemoConfig(
+        steps=steps, max_train_minutes=max_train_minutes, scenarios_per_step=scenarios_per_step, group_size=group_size,
+        train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
+        temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
+        rank=rank, shaping=shaping, judge=judge, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
+        seed=seed, name=name, root=root,
+    )  # fmt: skip
+    run_demo(config)
+
+
 @checkpoints_app.command("list")
 def checkpoints_list(project: str, model: str, root: Root = None) -> None:
     """Steps with a complete checkpoint, their size and the metrics they were saved with."""

@@ -24,6 +24,7 @@ SCRIPTS = [
     "rl_step",
     "tracer_overhead",
     "load",
+    "demo_curve",
 ]
 
 

@@ -1,0 +1,541 @@
+"""``journeyman demo``: teach the embedded SmolLM2-135M a LangGraph calculator task on CPU.
+
+A LangGraph ReAct agent answers arithmetic questions and word problems with three tools (add,
+multiply and a distraction), served by vLLM through the capture gateway and captured by the
+one-line :class:`~journeyman.integrations.langgraph.TrajectoryTracer`. The demo evaluates on a
+held-out set, runs GRPO steps (groups of rollouts per question, reward 1 for the right final
+number), redeploys the adapter after each step, evaluates again and prints the two side by side.
+
+What the base model does (bench/results.md): with no worked examples in the prompt it never
+calls a tool, so the prompt carries four; at temperature 0.7 about a third of samples then call
+the right tool and state its result, which gives GRPO groups with both successes and failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import re
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import journeyman as jm
+from journeyman.errors import ConfigError, MissingDependencyError
+
+try:
+    import httpx
+    from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.errors import GraphRecursionError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+except ImportError as error:  # pragma: no cover - the extra is missing
+    raise MissingDependencyError(error.name or "langgraph", "langgraph", "the demo") from error
+
+from journeyman.integrations.langgraph import TrajectoryTracer
+
+__all__ = ["DemoConfig", "Scenario", "make_scenarios", "rollout", "run_demo", "score"]
+
+Op = Literal["add", "multiply"]
+
+
+# The task -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    question: str
+    op: Op
+    a: int
+    b: int
+    kind: Literal["arithmetic", "word"]
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b if self.op == "add" else self.a * self.b
+
+
+_ARITHMETIC = {
+    "add": ["What is {a} plus {b}?", "What is {a} + {b}?", "Add {a} and {b}."],
+    "multiply": ["What is {a} times {b}?", "What is {a} * {b}?", "Multiply {a} by {b}."],
+}
+_WORD = {
+    "add": [
+        "{name} has {a} stamps and buys {b} more. How many stamps does {name} have now?",
+        "A library had {a} books and received {b} new ones. How many books does it have?",
+        "A farm picked {a} apples in the morning and {b} in the afternoon. How many apples in all?",
+    ],
+    "multiply": [
+        "A box holds {a} pencils. How many pencils are in {b} boxes?",
+        "{name} reads {a} pages a day for {b} days. How many pages is that?",
+        "A bus has {a} rows of {b} seats. How many seats does it have?",
+    ],
+}
+_NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana"]
+
+
+def make_scenarios(n: int, seed: int, word_share: float = 0.5) -> list[Scenario]:
+    """``n`` questions, half additions of 3-digit numbers and half products of 2-digit ones
+    (too hard for a 135M model in its head); ``word_share`` of them as word problems."""
+    rng = random.Random(seed)
+    scenarios = []
+    for i in range(n):
+        op: Op = "add" if i % 2 == 0 else "multiply"
+        a, b = (
+            (rng.randint(101, 999), rng.randint(101, 999))
+            if op == "add"
+            else (rng.randint(12, 99), rng.randint(12, 99))
+        )
+        kind: Literal["arithmetic", "word"] = "word" if rng.random() < word_share else "arithmetic"
+        template = rng.choice((_WORD if kind == "word" else _ARITHMETIC)[op])
+        scenarios.append(Scenario(template.format(a=a, b=b, name=rng.choice(_NAMES)), op, a, b, kind))
+    return scenarios
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers and return the sum."""
+    return a + b
+
+
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers and return the product."""
+    return a * b
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The current weather in a city."""
+    return f"It is sunny and 21 degrees in {city}."
+
+
+TOOLS = [add, multiply, get_weather]
+SYSTEM = "You are a calculator assistant. Always call a tool to compute, then state the answer."
+
+
+def _worked(question: str, name: str, a: int, b: int, call_id: str) -> list[AnyMessage]:
+    result = a + b if name == "add" else a * b
+    call = {"name": name, "args": {"a": a, "b": b}, "id": call_id, "type": "tool_call"}
+    return [
+        HumanMessage(question),
+        AIMessage("", tool_calls=[call]),
+        ToolMessage(str(result), tool_call_id=call_id),
+        AIMessage(f"The answer is {result}."),
+    ]
+
+
+# Four worked conversations: without them the base model never calls a tool.
+WORKED_EXAMPLES: list[AnyMessage] = [
+    *_worked("What is 12 times 7?", "multiply", 12, 7, "call_ex1"),
+    *_worked(
+        "Sam has 235 marbles and finds 148 more. How many marbles does Sam have?", "add", 235, 148, "call_ex2"
+    ),
+    *_worked("What is 35 plus 48?", "add", 35, 48, "call_ex3"),
+    *_worked("A crate holds 24 bottles. How many bottles are in 16 crates?", "multiply", 24, 16, "call_ex4"),
+]
+
+
+def build_agent(llm: ChatOpenAI, *, worked_examples: bool = True) -> Any:
+    """The ReAct agent: the system prompt, the worked examples, then the conversation so far."""
+    shots = WORKED_EXAMPLES if worked_examples else []
+
+    def prompt(state: dict[str, Any]) -> list[AnyMessage]:
+        return [SystemMessage(SYSTEM), *shots, *state["messages"]]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_react_agent moved to langchain.agents (same graph)
+        return create_react_agent(llm, TOOLS, prompt=prompt)
+
+
+def score(trajectory: jm.Trajectory, scenario: Scenario, shaping: float = 0.0) -> jm.Trajectory:
+    """Reward 1 when the final answer holds the right number (``shaping`` for the right tool call
+    otherwise), and the metrics the demo reports."""
+    everything = trajectory.messages
+    asked = [i for i, m in enumerate(everything) if m.role == "user" and m.content == scenario.question]
+    messages = everything[asked[-1] + 1 :] if asked else everything  # after the worked examples
+    calls = [c for m in messages if m.role == "assistant" for c in (m.tool_calls or [])]
+    results = [m for m in messages if m.role == "tool"]
+    errors = sum(str(m.content).startswith("Error") for m in results)
+    right = False
+    for call in calls:
+        try:
+            args = json.loads(call.function.arguments)
+        except ValueError:
+            continue
+        if call.function.name == scenario.op and isinstance(args, dict):
+            right = right or sorted(map(str, args.values())) == sorted([str(scenario.a), str(scenario.b)])
+    last = messages[-1] if messages else None
+    final = (
+        str(last.content or "")
+        if last is not None and last.role == "assistant" and not last.tool_calls
+        else ""
+    )
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"-?\d[\d,]*", final)]
+    success = scenario.answer in numbers
+    trajectory.reward = 1.0 if success else (shaping if right else 0.0)
+    trajectory.metrics.update(
+        success=float(success),
+        tool_call=float(bool(calls)),
+        valid_tool_call=float(bool(calls) and errors == 0 and len(results) == len(calls)),
+        right_tool_call=float(right),
+        turns=float(len(trajectory.model_turns)),
+    )
+    trajectory.metadata.update(kind=scenario.kind, op=scenario.op, answer=scenario.answer)
+    return trajectory
+
+
+async def rollout(
+    agent: Any, scenario: Scenario, *, shaping: float = 0.0, max_turns: int = 3, records: Any = None
+) -> jm.Trajectory:
+    """One run of the agent on one question, captured token-exact and scored. ``records``: the
+    gateway's record log when it runs in this process (else the tracer asks the gateway over HTTP)."""
+    tracer = TrajectoryTracer(records)
+    config: dict[str, Any] = {"callbacks": [tracer], "recursion_limit": 2 * max_turns}
+    with contextlib.suppress(GraphRecursionError):  # it kept calling tools: a wrong answer, in the logs
+        await agent.ainvoke({"messages": [HumanMessage(scenario.question)]}, config=config)
+    return score(tracer.trajectory, scenario, shaping)
+
+
+# The run --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    steps: int = 32
+    """Training steps."""
+    max_train_minutes: float | None = 30.0
+    """Stop training once this much time went into it (then evaluate as usual)."""
+    scenarios_per_step: int = 4
+    group_size: int = 8
+    train_scenarios: int = 256
+    val_scenarios: int = 40
+    val_samples: int = 4
+    """Samples per held-out question at the training temperature (greedy is one more)."""
+    temperature: float = 0.7
+    max_tokens: int = 48
+    learning_rate: float = 5e-4
+    loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = "dapo"
+    rank: int = 8
+    shaping: float = 0.0
+    judge: Literal["none", "ruler"] = "none"
+    langfuse: bool = False
+    seed: int = 0
+    project: str = "demo"
+    name: str | None = None
+    """Model name (default: calc-<date>-<time>, a fresh run each time)."""
+    root: Path | None = None
+    base_model: str = "smollm2-135m"
+    zero_shot_eval: bool = True
+    """Also evaluate greedily with no worked examples in the prompt (the base model never calls a tool)."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 0, "steps must be >= 0"),
+            (self.max_train_minutes is None or self.max_train_minutes > 0, "max_train_minutes must be > 0"),
+            (self.group_size >= 2, "group_size must be >= 2 (GRPO compares the rollouts of a group)"),
+            (min(self.scenarios_per_step, self.val_scenarios, self.val_samples, self.max_tokens, self.rank) >= 1,
+             "scenarios_per_step, val_scenarios, val_samples, max_tokens and rank must be >= 1"),
+            (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
+            (self.temperature >= 0 and self.learning_rate > 0, "temperature must be >= 0 and learning_rate > 0"),
+            (self.loss in ("grpo", "dr_grpo", "dapo", "gspo", "cispo"), f"unknown loss {self.loss!r}: grpo, dr_grpo, dapo, gspo or cispo"),
+            (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
+@dataclass
+class Evaluation:
+    """Held-out results of one model version."""
+
+    step: int
+    sampled: dict[str, float] = field(default_factory=dict)
+    greedy: dict[str, float] = field(default_factory=dict)
+    zero_shot: dict[str, float] = field(default_factory=dict)
+
+
+def summarize(groups: Sequence[jm.TrajectoryGroup]) -> dict[str, float]:
+    """Success, tool-call validity (and failures) over the groups, word problems separately."""
+    trajectories = [t for g in groups for t in g]
+    row = {"failures": float(sum(len(g.failures) for g in groups)), "n": float(len(trajectories))}
+    if not trajectories:
+        return row
+    for key in ("success", "tool_call", "valid_tool_call", "right_tool_call"):
+        row[key] = statistics.fmean(t.metrics.get(key, 0.0) for t in trajectories)
+    for kind in ("word", "arithmetic"):
+        chosen = [t.metrics.get("success", 0.0) for t in trajectories if t.metadata.get("kind") == kind]
+        if chosen:
+            row[f"success_{kind}"] = statistics.fmean(chosen)
+    return row
+
+
+class Demo:
+    """The demo's state: backend, model, agents. ``await Demo(config).run()``."""
+
+    def __init__(self, config: DemoConfig) -> None:
+        self.config = config
+        self.name = config.name or datetime.now().strftime("calc-%Y%m%d-%H%M%S")
+        self.train_set = make_scenarios(config.train_scenarios, seed=config.seed)
+        self.val_set = make_scenarios(config.val_scenarios, seed=config.seed + 10_000)
+        self.http: httpx.AsyncClient | None = None
+        self.records: Any = None
+        self.console: Any = None
+
+    def _llm(self, model: jm.TrainableModel, temperature: float) -> ChatOpenAI:
+        assert self.http is not None
+        return ChatOpenAI(
+            model=model.inference_name,
+            base_url=model.inference_base_url,
+            api_key=model.inference_api_key or "-",
+            temperature=temperature,
+            max_tokens=self.config.max_tokens,
+            disable_streaming=True,  # token-exact capture
+            max_retries=1,
+            timeout=600,
+            http_async_client=self.http,
+        )
+
+    async def _groups(
+        self, agent: Any, scenarios: Sequence[Scenario], n: int, description: str, *, after_each: Any = None
+    ) -> list[jm.TrajectoryGroup]:
+        return await jm.gather_trajectory_groups(
+            (
+                jm.TrajectoryGroup(
+                    rollout(agent, s, shaping=self.config.shaping, records=self.records) for _ in range(n)
+                )
+                for s in scenarios
+            ),
+            max_exceptions=0.1,
+            after_each=after_each,
+            description=description,
+            progress=self.config.progress,
+            langfuse=self.config.langfuse,
+        )
+
+    async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
+        c = self.config
+        step = await model.get_step()
+        result = Evaluation(step)
+        sampled = await self._groups(
+            build_agent(self._llm(model, c.temperature)),
+            self.val_set,
+            c.val_samples,
+            f"eval {label} (T={c.temperature})",
+        )
+        greedy = await self._groups(
+            build_agent(self._llm(model, 0.0)), self.val_set, 1, f"eval {label} (greedy)"
+        )
+        result.sampled, result.greedy = summarize(sampled), summarize(greedy)
+        await model.log(sampled, split="val", metrics={f"val/{k}": v for k, v in result.sampled.items()})
+        await model.log(
+            greedy, split="val_greedy", metrics={f"val_greedy/{k}": v for k, v in result.greedy.items()}
+        )
+        if c.zero_shot_eval:
+            agent = build_agent(self._llm(model, 0.0), worked_examples=False)
+            zero = await self._groups(agent, self.val_set, 1, f"eval {label} (no examples, greedy)")
+            result.zero_shot = summarize(zero)
+            await model.log(
+                zero,
+                split="val_zero_shot",
+                metrics={f"val_zero_shot/{k}": v for k, v in result.zero_shot.items()},
+            )
+        return result
+
+    async def run(self) -> dict[str, Any]:
+        from rich.console import Console
+
+        from .local import LocalBackend
+
+        c = self.config
+        console = self.console = Console()
+        started = time.monotonic()
+        model = jm.TrainableModel(
+            name=self.name,
+            project=c.project,
+            base_model=c.base_model,
+            root=c.root,
+            lora=jm.LoRAConfig(rank=c.rank, alpha=2.0 * c.rank),
+        )
+        train_config = jm.TrainConfig(learning_rate=c.learning_rate, loss=c.loss, seed=c.seed)
+        console.print(
+            f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task -> {model.store.path}"
+        )
+        console.print("starting vLLM with the embedded model (about a minute on 2 cores) ...")
+        async with (
+            LocalBackend(root=c.root) as backend,
+            httpx.AsyncClient(
+                timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
+            ) as self.http,
+        ):
+            await model.register(backend)
+            self.records = backend.records
+            after_each = None
+            if c.judge == "ruler":
+                import functools
+
+                judge = jm.Judge("base", base_url=model.inference_base_url, api_key=model.inference_api_key)
+                after_each = functools.partial(jm.ruler_score_group, judge=judge)
+            console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
+            before = await self.evaluate(model, "before")
+            console.print(f"before: {_line(before)}")
+            train_started = time.monotonic()
+            agent = build_agent(self._llm(model, c.temperature))
+            # In the generated order (add, multiply, add, ...): every step sees both operations. Shuffled
+            # steps of four questions were sometimes all products, and the next step called multiply for sums.
+            for batch in jm.iterate_dataset(
+                self.train_set,
+                per_step=c.scenarios_per_step,
+                epochs=100,
+                initial_step=await model.get_step(),
+                seed=None,
+            ):
+                spent = (time.monotonic() - train_started) / 60
+                if batch.step >= c.steps or (
+                    c.max_train_minutes is not None and spent >= c.max_train_minutes
+                ):
+                    break
+                t0 = time.monotonic()
+                groups = await self._groups(
+                    agent,
+                    batch.items,
+                    c.group_size,
+                    f"step {batch.step + 1}/{c.steps} rollouts",
+                    after_each=after_each,
+                )
+                rollout_s = time.monotonic() - t0
+                stats = summarize(groups)
+                with console.status(f"step {batch.step + 1}/{c.steps}: training on {len(groups)} groups ..."):
+                    result = await model.train(groups, train_config, langfuse=c.langfuse)
+                model.store.append_history(
+                    {
+                        "step": batch.step,
+                        "split": "rollouts",
+                        **{f"rollouts/{k}": v for k, v in stats.items()},
+                        "rollouts/seconds": rollout_s,
+                        "elapsed_s": time.monotonic() - train_started,
+                    }
+                )
+                console.print(
+                    f"step {result.step:>3}  success {stats.get('success', 0):.2f}  "
+                    f"word {stats.get('success_word', 0):.2f}  valid calls {stats.get('valid_tool_call', 0):.2f}  "
+                    f"rollouts {rollout_s:.0f} s  train {time.monotonic() - t0 - rollout_s:.0f} s  "
+                    f"elapsed {(time.monotonic() - train_started) / 60:.1f} min"
+                )
+            train_minutes = (time.monotonic() - train_started) / 60
+            after = await self.evaluate(model, "after")
+        png = plot_demo(
+            model.store.read_history(), model.store.path / "demo_curve.png", title=f"{c.project}/{self.name}"
+        )
+        console.print(_table(before, after, c.temperature))
+        summary = (
+            f"held-out success {before.sampled.get('success', 0):.0%} -> {after.sampled.get('success', 0):.0%} "
+            f"(T={c.temperature}), greedy {before.greedy.get('success', 0):.0%} -> {after.greedy.get('success', 0):.0%}, "
+            f"word problems {before.sampled.get('success_word', 0):.0%} -> {after.sampled.get('success_word', 0):.0%} "
+            f"after {after.step - before.step} steps in {train_minutes:.1f} min of training ({(time.monotonic() - started) / 60:.1f} min in all)"
+        )
+        console.print(f"[bold green]{summary}[/bold green]")
+        console.print(
+            f"reward curve: {png}\ntrajectories: {model.store.path} (journeyman trajectories show {c.project} {self.name})"
+        )
+        report = {
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()},
+            "name": self.name,
+            "before": asdict(before),
+            "after": asdict(after),
+            "train_minutes": train_minutes,
+            "total_minutes": (time.monotonic() - started) / 60,
+            "png": str(png),
+            "summary": summary,
+        }
+        (model.store.path / "demo_report.json").write_text(json.dumps(report, indent=2))
+        return report
+
+
+def _line(evaluation: Evaluation) -> str:
+    s, g = evaluation.sampled, evaluation.greedy
+    return (
+        f"success {s.get('success', 0):.0%} (word {s.get('success_word', 0):.0%}), "
+        f"valid tool calls {s.get('valid_tool_call', 0):.0%}, greedy {g.get('success', 0):.0%}"
+    )
+
+
+def _table(before: Evaluation, after: Evaluation, temperature: float) -> Any:
+    from rich.table import Table
+
+    table = Table(title="held-out evaluation", title_justify="left")
+    table.add_column("")
+    table.add_column(f"before (step {before.step})", justify="right")
+    table.add_column(f"after (step {after.step})", justify="right")
+    rows = [
+        (f"success, T={temperature}", "sampled", "success"),
+        ("  arithmetic", "sampled", "success_arithmetic"),
+        ("  word problems", "sampled", "success_word"),
+        ("valid tool call", "sampled", "valid_tool_call"),
+        ("right tool and numbers", "sampled", "right_tool_call"),
+        ("success, greedy", "greedy", "success"),
+        ("  word problems, greedy", "greedy", "success_word"),
+        ("calls a tool with no worked examples (greedy)", "zero_shot", "tool_call"),
+        ("success with no worked examples (greedy)", "zero_shot", "success"),
+        ("rollout failures", "sampled", "failures"),
+    ]
+    for label, part, key in rows:
+        values = [getattr(e, part).get(key) for e in (before, after)]
+        if all(v is None for v in values):
+            continue
+        cells = ["-" if v is None else (f"{v:.0f}" if key == "failures" else f"{v:.0%}") for v in values]
+        table.add_row(label, *cells)
+    return table
+
+
+def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
+    """Rollout success per training step, with the held-out success before and after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r["rollouts/success"]) for r in rows if "rollouts/success" in r]
+    if train:
+        axis.plot(*zip(*train, strict=True), marker="o", label="training rollouts (new questions)")
+    for key, label, marker in [
+        ("val/success", "held-out, sampled", "s"),
+        ("val_greedy/success", "held-out, greedy", "^"),
+        ("val/success_word", "held-out word problems", "v"),
+    ]:
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            axis.plot(*zip(*points, strict=True), marker=marker, linestyle="--", label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set(
+        xlabel="model version (training steps done)", ylabel="success rate", ylim=(-0.02, 1.02), title=title
+    )
+    axis.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    """Run the demo to the end; returns its report (also written to ``demo_report.json``)."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the progress bars
+    return asyncio.run(Demo(config).run())

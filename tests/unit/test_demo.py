@@ -1,0 +1,141 @@
+"""The demo's task without a model: questions, reward, metrics, settings, plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journeyman as jm
+from journeyman.backend.demo import DemoConfig, Scenario, make_scenarios, plot_demo, score, summarize
+from journeyman.errors import ConfigError
+
+QUESTION = Scenario("What is 347 plus 655?", "add", 347, 655, "arithmetic")
+
+
+def _trajectory(*turns: dict[str, Any], question: str = QUESTION.question) -> jm.Trajectory:
+    worked = [
+        {"role": "system", "content": "You are a calculator assistant."},
+        {"role": "user", "content": "What is 12 times 7?"},
+        {"role": "assistant", "content": "The answer is 84."},
+        {"role": "user", "content": question},
+    ]
+    conversation = [
+        *worked,
+        *({"type": "model_turn", "message": t} if t["role"] == "assistant" else t for t in turns),
+    ]
+    return jm.Trajectory(conversation=conversation)
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def test_scenarios_are_seeded_split_and_out_of_the_models_head() -> None:
+    train, again, val = make_scenarios(50, seed=0), make_scenarios(50, seed=0), make_scenarios(50, seed=1)
+    assert train == again and train != val
+    assert {s.op for s in train} == {"add", "multiply"} and {s.kind for s in train} == {"word", "arithmetic"}
+    for s in train:
+        assert str(s.a) in s.question and str(s.b) in s.question
+        assert s.answer == (s.a + s.b if s.op == "add" else s.a * s.b) and s.answer > 100
+
+
+def test_right_call_then_right_answer_succeeds() -> None:
+    t = score(
+        _trajectory(
+            _call("add", '{"a": 347, "b": 655}'),
+            {"role": "tool", "tool_call_id": "c1", "content": "1002"},
+            {"role": "assistant", "content": "The answer is 1,002."},
+        ),
+        QUESTION,
+    )
+    assert t.reward == 1.0
+    assert t.metrics == {"success": 1, "tool_call": 1, "valid_tool_call": 1, "right_tool_call": 1, "turns": 2}
+    assert t.metadata["kind"] == "arithmetic"
+
+
+def test_wrong_function_fails_but_is_a_valid_call_and_earns_only_shaping_when_right() -> None:
+    wrong = _trajectory(
+        _call("multiply", '{"a": 347, "b": 655}'),
+        {"role": "tool", "tool_call_id": "c1", "content": "227285"},
+        {"role": "assistant", "content": "The answer is 227285."},
+    )
+    scored = score(wrong, QUESTION, shaping=0.2)
+    assert (
+        scored.reward == 0.0
+        and scored.metrics["valid_tool_call"] == 1
+        and scored.metrics["right_tool_call"] == 0
+    )
+    right_but_misread = _trajectory(
+        _call("add", '{"b": 655, "a": 347}'),
+        {"role": "tool", "tool_call_id": "c1", "content": "1002"},
+        {"role": "assistant", "content": "The answer is 1020."},
+    )
+    assert score(right_but_misread, QUESTION, shaping=0.2).reward == 0.2
+
+
+def test_imitating_the_tool_response_or_a_tool_error_is_no_valid_call() -> None:
+    imitated = score(
+        _trajectory({"role": "assistant", "content": "<tool_response>\n1002\n</tool_response>"}), QUESTION
+    )
+    assert imitated.metrics["tool_call"] == 0 and imitated.metrics["valid_tool_call"] == 0
+    errored = score(
+        _trajectory(
+            _call("add", '{"x": 1}'),
+            {"role": "tool", "tool_call_id": "c1", "content": "Error: 2 validation errors for add"},
+            {"role": "assistant", "content": "I could not add them."},
+        ),
+        QUESTION,
+    )
+    assert (
+        errored.reward == 0.0
+        and errored.metrics["tool_call"] == 1
+        and errored.metrics["valid_tool_call"] == 0
+    )
+
+
+def test_the_answer_must_be_the_last_message_and_not_a_worked_example() -> None:
+    unanswered = score(_trajectory(_call("add", '{"a": 347, "b": 655}')), QUESTION)
+    assert unanswered.reward == 0.0 and unanswered.metrics["success"] == 0
+    # "84" from the worked example before the question is no answer to another question.
+    assert (
+        score(_trajectory(), Scenario("What is 12 times 7?", "multiply", 12, 7, "arithmetic")).reward == 0.0
+    )
+
+
+def test_summarize_splits_word_problems() -> None:
+    word = Scenario("A box holds 12 pens. How many pens are in 7 boxes?", "multiply", 12, 7, "word")
+    good = score(_trajectory({"role": "assistant", "content": "84"}, question=word.question), word)
+    bad = score(_trajectory({"role": "assistant", "content": "1000"}), QUESTION)
+    group = jm.TrajectoryGroup([good, bad])
+    group.record_failure(TimeoutError("slow"), stage="rollout")
+    row = summarize([group])
+    assert row["success"] == 0.5 and row["success_word"] == 1.0 and row["success_arithmetic"] == 0.0
+    assert row["failures"] == 1 and row["n"] == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("group_size", 1, "group_size"),
+        ("max_train_minutes", 0, "max_train_minutes"),
+        ("loss", "ppo", "unknown loss"),
+        ("judge", "gpt", "unknown judge"),
+    ],
+)
+def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DemoConfig(**{field: value})
+
+
+def test_plot_demo_writes_a_png(tmp_path: Path) -> None:
+    rows = [
+        {"step": 0, "split": "val", "val/success": 0.35, "val_greedy/success": 0.4, "val/success_word": 0.2},
+        {"step": 0, "split": "rollouts", "rollouts/success": 0.3},
+        {"step": 1, "split": "rollouts", "rollouts/success": 0.5},
+    ]
+    out = plot_demo(json.loads(json.dumps(rows)), tmp_path / "curve.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
