@@ -363,20 +363,7 @@ class Trainer:
     ) -> None:
         inputs = _packed_inputs(rows, self.tokenizer.pad_token_id or 0)
         micro_batch = [s for row in rows for s in row.sequences]
-        width = max(len(s) for s in micro_batch)
-        # (B, T) per-sequence views for the loss; `where` maps each token to its place in the rows.
-        where = torch.zeros((len(micro_batch), width), dtype=torch.long)
-        mask = torch.zeros((len(micro_batch), width), dtype=torch.float32)
-        sampling = torch.full((len(micro_batch), width), math.nan, dtype=torch.float32)
-        targets = torch.zeros((len(micro_batch), width), dtype=torch.long)
-        for b, (sequence, index) in enumerate(zip(micro_batch, inputs.where, strict=True)):
-            n = len(sequence)
-            where[b, :n] = torch.tensor(index)
-            targets[b, :n] = torch.tensor(sequence.tokens)
-            mask[b, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
-            sampling[b, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
-        # Token t is predicted from position t-1: shift the targets and their masks by one.
-        targets, mask, sampling, where = targets[:, 1:], mask[:, 1:], sampling[:, 1:], where[:, :-1]
+        where, targets, mask, sampling = _sequence_views(micro_batch, inputs.where)
         seq_advantage = advantage[torch.tensor([s.trajectory for s in micro_batch])]  # (B,)
 
         logprobs, entropy = self._token_logprobs(inputs, where, targets, mask, config.logprob_chunk)
@@ -452,6 +439,26 @@ class _PackedInputs:
     where: list[list[int]]
     """For each sequence of the micro-batch (rows in order), the flat index (row * W + column)
     of each of its tokens."""
+
+
+def _sequence_views(
+    sequences: list[TrainSequence], where: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T-1) per-sequence views for the loss: the packed index of the position that predicts
+    each target, the targets, the trained-token mask and the sampling logprobs. Token t is
+    predicted from position t-1, so targets and their masks are shifted by one."""
+    width = max(len(s) for s in sequences)
+    index = torch.zeros((len(sequences), width), dtype=torch.long)
+    targets = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.float32)
+    sampling = torch.full((len(sequences), width), math.nan, dtype=torch.float32)
+    for b, (sequence, places) in enumerate(zip(sequences, where, strict=True)):
+        n = len(sequence)
+        index[b, :n] = torch.tensor(places)
+        targets[b, :n] = torch.tensor(sequence.tokens)
+        mask[b, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
+        sampling[b, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
+    return index[:, :-1], targets[:, 1:], mask[:, 1:], sampling[:, 1:]
 
 
 def _packed_inputs(rows: list[Row], pad: int) -> _PackedInputs:

@@ -17,7 +17,7 @@ safetensors = pytest.importorskip("safetensors.torch")
 from journeyman.backend.batch import Row, build_batch, pack  # noqa: E402
 from journeyman.backend.gateway import GatewayThread  # noqa: E402
 from journeyman.backend.router import Router  # noqa: E402
-from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs  # noqa: E402
+from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs, _sequence_views  # noqa: E402
 
 
 def _group(tokenizer: Any, question: str, answers: list[tuple[str, float]]) -> jm.TrajectoryGroup:
@@ -144,14 +144,7 @@ def _logprobs_and_grads(
     inputs = _packed_inputs(rows, 0)
     sequences = [s for row in rows for s in row.sequences]
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].tokens)
-    width = max(len(s) for s in sequences)
-    where = torch.zeros((len(sequences), width - 1), dtype=torch.long)
-    targets = torch.zeros((len(sequences), width - 1), dtype=torch.long)
-    mask = torch.zeros((len(sequences), width - 1))
-    for b, (sequence, index) in enumerate(zip(sequences, inputs.where, strict=True)):
-        n = len(sequence) - 1
-        where[b, :n], targets[b, :n] = torch.tensor(index[:-1]), torch.tensor(sequence.tokens[1:])
-        mask[b, :n] = torch.tensor(sequence.mask[1:], dtype=torch.float32)
+    where, targets, mask, _ = _sequence_views(sequences, inputs.where)
     trainer.model.zero_grad()
     logprobs, _ = trainer._token_logprobs(inputs, where, targets, mask, 512)
     grads = {}
