@@ -64,6 +64,12 @@ def serve(
     ] = None,
     tensor_parallel: Annotated[int, typer.Option(help="vLLM --tensor-parallel-size (GPUs per replica).")] = 1,
     data_parallel: Annotated[int, typer.Option(help="vLLM --data-parallel-size (engine copies).")] = 1,
+    merge_adapters: Annotated[
+        bool,
+        typer.Option(
+            help="Serve each trained step merged into vLLM's weights (one trained model; faster on CPU)."
+        ),
+    ] = False,
 ) -> None:
     """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
 
@@ -94,7 +100,9 @@ def serve(
             model="", tensor_parallel_size=tensor_parallel, data_parallel_size=data_parallel
         )
     push = AdapterPush(push_to, push_token) if push_to else None
-    backend = LocalBackend(root=root, gateway_thread=False, push_to=push, **options)
+    backend = LocalBackend(
+        root=root, gateway_thread=False, push_to=push, merge_adapters=merge_adapters, **options
+    )
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
 
@@ -131,6 +139,10 @@ def demo(
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed for the questions and training.")] = 0,
+    merge_adapters: Annotated[
+        bool,
+        typer.Option(help="Serve each step merged into vLLM's weights (about 2x faster rollouts on CPU)."),
+    ] = True,
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
     root: Root = None,
 ) -> None:
@@ -142,7 +154,7 @@ def demo(
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, shaping=shaping, judge=judge, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
-        seed=seed, name=name, root=root,
+        seed=seed, merge_adapters=merge_adapters, name=name, root=root,
     )  # fmt: skip
     run_demo(config)
 

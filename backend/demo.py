@@ -233,6 +233,8 @@ class DemoConfig:
     judge: Literal["none", "ruler"] = "none"
     langfuse: bool = False
     seed: int = 0
+    merge_adapters: bool = True
+    """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
@@ -377,7 +379,7 @@ class Demo:
         )
         console.print("starting vLLM with the embedded model (about a minute on 2 cores) ...")
         async with (
-            LocalBackend(root=c.root) as backend,
+            LocalBackend(root=c.root, merge_adapters=c.merge_adapters) as backend,
             httpx.AsyncClient(
                 timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
             ) as self.http,

@@ -255,3 +255,6 @@ class Replicas:
 
     async def unload_adapter(self, name: str, client: httpx.AsyncClient | None = None) -> None:
         await asyncio.gather(*(s.unload_adapter(name, client) for s in self.servers))
+
+    async def reload_weights(self, folder: Path, client: httpx.AsyncClient | None = None) -> None:
+        await asyncio.gather(*(s.reload_weights(folder, client) for s in self.servers))

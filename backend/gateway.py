@@ -377,7 +377,7 @@ class Gateway:
             )
 
         requested = body["model"]
-        served, version = self.router.resolve(requested)
+        served, version = await self.router.admit(requested)  # counted in flight from here
         wants_logprobs = bool(body.get("logprobs")) or (kind == "completion" and body.get("logprobs") == 0)
         wants_ids = bool(body.get("return_token_ids"))
         upstream = {**body, "model": served, "return_token_ids": True}
@@ -400,7 +400,6 @@ class Gateway:
             "started_at": started,
         }
 
-        self.router.begin(served)
         try:
             upstream_request = self.client.build_request(
                 "POST", self.router.server.url_for(rollout_id) + path, json=upstream

@@ -5,15 +5,22 @@ A trainable model ``calc-agent`` is served as versioned LoRA adapters ``calc-age
 for that version exactly. :meth:`Router.deploy` loads a new version, moves the alias to it only
 after the load succeeded, and unloads versions beyond the ones kept, each only once no request
 through the gateway still uses it.
+
+With ``VLLMConfig(merge_adapters=True)`` the server runs without LoRA: a deploy merges the adapter
+into the base weights (``backend/merge.py``), holds new requests at the gateway, waits for the
+running ones to finish, reloads the weights in place and lets requests through again. Then one
+model is trained per server and only its current version is served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +28,7 @@ from journeyman.errors import AdapterError, ConfigError
 from journeyman.store import validate_name
 
 from .fleet import Replicas
+from .merge import merge_adapter
 from .vllm import VLLMServer
 
 __all__ = ["Deployment", "Router"]
@@ -57,6 +65,15 @@ class Router:
         self._in_flight: Counter[str] = Counter()
         self._in_flight_lock = threading.Lock()  # the gateway counts on its own thread
         self._deploy_lock = asyncio.Lock()
+        self._reloading = False
+        """True while merged weights are reloaded: the gateway holds new requests."""
+        self._merged_from: Path | None = None
+        """The adapter merged into the served weights (merge_adapters=True)."""
+
+    @property
+    def merged(self) -> bool:
+        """Adapters are merged into the served weights (``VLLMConfig.merge_adapters``)."""
+        return self.server.config.merge_adapters
 
     @property
     def base_name(self) -> str:
@@ -68,6 +85,8 @@ class Router:
             return deployment.served_name, deployment.step
         name, at, step = requested.rpartition("@")
         if at and step.isdigit() and (deployment := self.deployments.get(name)):
+            if self.merged and int(step) == deployment.step:
+                return deployment.served_name, deployment.step  # merged: only the current version
             return requested, int(step)
         return requested, None
 
@@ -79,9 +98,16 @@ class Router:
 
     # In-flight requests (the gateway counts them) ---------------------------------------------
 
-    def begin(self, served_name: str) -> None:
-        with self._in_flight_lock:
-            self._in_flight[served_name] += 1
+    async def admit(self, requested: str) -> tuple[str, int | None]:
+        """Resolve a request's model name and count it in, as one step; while merged weights are
+        being reloaded, wait for them first (so the version is the one that will answer)."""
+        while True:
+            with self._in_flight_lock:
+                if not self._reloading:
+                    served, version = self.resolve(requested)
+                    self._in_flight[served] += 1
+                    return served, version
+            await asyncio.sleep(0.01)
 
     def end(self, served_name: str) -> None:
         with self._in_flight_lock:
@@ -104,28 +130,43 @@ class Router:
         validate_name(name, "model name")
         async with self._deploy_lock:
             deployment = self.deployments.get(name)
-            if adapter_dir is None:
-                if step != 0:
-                    raise AdapterError(
-                        f"only step 0 can serve the base model; step {step} needs an adapter folder"
+            if adapter_dir is None and step != 0:
+                raise AdapterError(
+                    f"only step 0 can serve the base model; step {step} needs an adapter folder"
+                )
+            if self.merged:
+                if deployment is None and self.deployments:
+                    raise ConfigError(
+                        f"this vLLM server merges {next(iter(self.deployments))}'s adapters into its weights; "
+                        f"{name} needs a server of its own (or merge_adapters=False to serve both as adapters)"
                     )
                 served = self.base_name
+                await self._reload(adapter_dir, then=lambda: self._point(name, served, adapter_dir, step))
             else:
-                served = f"{name}@{step}"
-                if deployment and any(served == loaded for _, loaded, _ in deployment.loaded):
-                    raise AdapterError(
-                        f"{served} is already loaded; deploy each training step once (a same-name reload "
-                        "can serve stale weights in vLLM)"
-                    )
-                await self.server.load_adapter(served, adapter_dir)
-            if deployment is None:
-                deployment = self.deployments[name] = Deployment(name, step, served, adapter_dir)
-            deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
-            if adapter_dir is not None:
-                deployment.loaded.append((step, served, Path(adapter_dir)))
+                if adapter_dir is None:
+                    served = self.base_name
+                else:
+                    served = f"{name}@{step}"
+                    if deployment and any(served == loaded for _, loaded, _ in deployment.loaded):
+                        raise AdapterError(
+                            f"{served} is already loaded; deploy each training step once (a same-name reload "
+                            "can serve stale weights in vLLM)"
+                        )
+                    await self.server.load_adapter(served, adapter_dir)
+                deployment = self._point(name, served, adapter_dir, step)
+                if adapter_dir is not None:
+                    deployment.loaded.append((step, served, Path(adapter_dir)))
+                await self._unload_old(deployment)
             logger.info("%s now answers as %s", name, served)
-            await self._unload_old(deployment)
             return served
+
+    def _point(self, name: str, served: str, adapter_dir: Path | None, step: int) -> Deployment:
+        """Make ``name`` answer as ``served`` at ``step``."""
+        deployment = self.deployments.get(name)
+        if deployment is None:
+            deployment = self.deployments[name] = Deployment(name, step, served, adapter_dir)
+        deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
+        return deployment
 
     async def _unload_old(self, deployment: Deployment) -> None:
         while len(deployment.loaded) > self.keep_versions:
@@ -143,10 +184,45 @@ class Router:
             deployment.loaded.pop(0)
             logger.info("unloaded %s", served)
 
+    async def _reload(self, adapter_dir: Path | None, then: Callable[[], object] = lambda: None) -> None:
+        """Serve the base weights merged with ``adapter_dir`` (None: the base weights alone).
+
+        New requests wait at the gateway and running ones finish first, so every request is
+        answered by one set of weights; ``then`` runs before requests are let through again.
+        """
+        if adapter_dir is None and self._merged_from is None:
+            then()  # the server still has the base weights
+            return
+        with tempfile.TemporaryDirectory(prefix="journeyman-merged-") as tmp:
+            folder = Path(self.server.config.model) if adapter_dir is None else Path(tmp)
+            if adapter_dir is not None:
+                await asyncio.to_thread(
+                    merge_adapter, Path(self.server.config.model), Path(adapter_dir), folder
+                )
+            with self._in_flight_lock:
+                self._reloading = True
+            try:
+                deadline = time.monotonic() + self.drain_timeout
+                while self._in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)  # running requests finish on the weights they started with
+                if self._in_flight:
+                    logger.warning(
+                        "requests still running after %.0f s; reloading anyway", self.drain_timeout
+                    )
+                await self.server.reload_weights(folder)
+                self._merged_from = adapter_dir
+                then()
+            finally:
+                with self._in_flight_lock:
+                    self._reloading = False
+
     async def redeploy(self) -> None:
         """Load every kept adapter again (after the vLLM server was restarted)."""
         async with self._deploy_lock:
             for deployment in self.deployments.values():
+                if self.merged:
+                    self._merged_from = None  # a restarted server loads the base weights
+                    await self._reload(deployment.adapter_dir)
                 for _, served, folder in deployment.loaded:
                     await self.server.load_adapter(served, folder)
 

@@ -12,6 +12,7 @@ LoRA adapters are loaded and unloaded at run time through ``/v1/load_lora_adapte
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -25,7 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -89,6 +90,11 @@ class VLLMConfig:
     ``"0"`` or ``"0-3"``. Binding keeps vLLM from fighting the trainer for the same cores."""
     reserved_cpus: int | None = None
     """CPU only: cores left for the API front end (``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
+    merge_adapters: bool = False
+    """Serve one trained model with each new adapter merged into the base weights, reloaded in
+    place, instead of as a LoRA adapter (``backend/merge.py``): vLLM runs without LoRA, which on
+    CPU keeps its compiled graphs (about 2x faster decoding here). Only the current version is
+    served. Turns on vLLM's development endpoints, so the server must bind to loopback."""
     cpu_lora_plugin: bool = True
     """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
     (``backend/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
@@ -108,6 +114,11 @@ class VLLMServer:
     """A vLLM server subprocess: start, wait for health, load adapters, stop."""
 
     def __init__(self, config: VLLMConfig, *, log_path: Path, python: Path | None = None) -> None:
+        if config.merge_adapters and config.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ConfigError(
+                f"merge_adapters=True turns on vLLM's development endpoints, so vLLM must bind to loopback, "
+                f"not {config.host!r}: expose the gateway (journeyman serve) instead"
+            )
         self.config = config
         self.log_path = Path(log_path)
         self.python = python
@@ -134,6 +145,11 @@ class VLLMServer:
         return self._device
 
     @property
+    def lora(self) -> bool:
+        """Whether vLLM serves LoRA adapters (not when they are merged into the weights)."""
+        return self.config.enable_lora and not self.config.merge_adapters
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
@@ -149,7 +165,7 @@ class VLLMServer:
             "--dtype", c.dtype,
             "--max-model-len", str(c.max_model_len),
         ]  # fmt: skip
-        if c.enable_lora:
+        if self.lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
         if c.tool_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", c.tool_parser]
@@ -179,10 +195,12 @@ class VLLMServer:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
             if self.config.reserved_cpus is not None:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.config.reserved_cpus)
-            if self.config.enable_lora and self.config.cpu_lora_plugin:
+            if self.lora and self.config.cpu_lora_plugin:
                 # vLLM finds general plugins by entry point; the folder holds the module and its
                 # dist-info, so nothing is installed into the vLLM environment.
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
+        if self.config.merge_adapters:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights, /reset_prefix_cache
         env.update(self.config.env)
         return env
 
@@ -284,21 +302,38 @@ class VLLMServer:
 
     async def load_adapter(self, name: str, path: Path, client: httpx.AsyncClient | None = None) -> None:
         """Load a peft adapter folder under ``name``; :class:`AdapterError` says why it failed."""
-        if not self.config.enable_lora:
-            raise ConfigError("this vLLM server was started without LoRA: set enable_lora=True")
+        if not self.lora:
+            raise ConfigError(
+                "this vLLM server was started without LoRA: set enable_lora=True and merge_adapters=False"
+            )
         body = {"lora_name": name, "lora_path": str(Path(path).resolve())}
-        await self._adapter_call("/v1/load_lora_adapter", body, f"load adapter {name!r} from {path}", client)
+        await self._post("/v1/load_lora_adapter", body, f"load adapter {name!r} from {path}", client)
 
-    async def unload_adapter(self, name: str, client: httpx.AsyncClient | None = None) -> None:
-        await self._adapter_call(
-            "/v1/unload_lora_adapter", {"lora_name": name}, f"unload adapter {name!r}", client
+    async def reload_weights(self, folder: Path, client: httpx.AsyncClient | None = None) -> None:
+        """Load the tensors of ``folder/*.safetensors`` into the served model in place (weights not
+        in the folder keep their values), then drop the prefix cache, whose entries were computed
+        with the old weights. Needs ``merge_adapters=True`` (vLLM's development endpoints)."""
+        if not self.config.merge_adapters:
+            raise ConfigError("reloading weights needs a server started with merge_adapters=True")
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(Path(folder).resolve())}}
+        await self._post("/collective_rpc", body, f"reload weights from {folder}", client)
+        for _ in range(100):  # refused while running requests hold cache blocks; the router drains them first
+            response = await self._post("/reset_prefix_cache", None, "reset the prefix cache", client)
+            if response.json().get("success"):
+                return
+            await asyncio.sleep(0.05)
+        raise AdapterError(
+            f"vLLM at {self.base_url} kept refusing to reset its prefix cache after a weight reload"
         )
 
-    async def _adapter_call(
-        self, route: str, body: dict[str, str], what: str, client: httpx.AsyncClient | None
-    ) -> None:
+    async def unload_adapter(self, name: str, client: httpx.AsyncClient | None = None) -> None:
+        await self._post("/v1/unload_lora_adapter", {"lora_name": name}, f"unload adapter {name!r}", client)
+
+    async def _post(
+        self, route: str, body: dict[str, Any] | None, what: str, client: httpx.AsyncClient | None
+    ) -> httpx.Response:
         owned = client is None
-        http = client or httpx.AsyncClient(timeout=60.0)
+        http = client or httpx.AsyncClient(timeout=120.0)
         try:
             response = await http.post(self.base_url + route, json=body)
         except httpx.HTTPError as error:
@@ -318,6 +353,7 @@ class VLLMServer:
             ):
                 hint = " Check that the folder exists and holds adapter_config.json and the adapter weights."
             raise AdapterError(f"could not {what}: vLLM answered {response.status_code}: {detail}.{hint}")
+        return response
 
 
 def _die_with_parent() -> None:

@@ -55,8 +55,11 @@ async def ours() -> dict[str, object]:
     checkpointing = os.environ.get("CHECKPOINTING", "1") == "1"
     config = TrainConfig(loss="dapo", learning_rate=1e-5, gradient_checkpointing=checkpointing)
     cores = os.environ.get("VLLM_CORES", "0-1")  # rollouts and training alternate: each may use both cores
+    merged = os.environ.get("MERGED", "0") == "1"  # each adapter merged into vLLM's weights (no LoRA in vLLM)
     with (
-        serving_stack(served_name="base", max_lora_rank=RANK, cpu_cores=cores, reserved_cpus=0) as stack,
+        serving_stack(
+            served_name="base", max_lora_rank=RANK, cpu_cores=cores, reserved_cpus=0, merge_adapters=merged
+        ) as stack,
         tempfile.TemporaryDirectory() as tmp,
     ):
         trainer = Trainer(
@@ -163,12 +166,16 @@ def measure() -> str:
     results = {
         "ours": run("ours"),
         "ours_no_ckpt": run("ours", CHECKPOINTING="0"),
+        "ours_merged": run("ours", MERGED="1"),
+        "ours_merged_no_ckpt": run("ours", MERGED="1", CHECKPOINTING="0"),
         "trl": run("trl"),
     }
     median = {name: statistics.median(r["steps"][1:]) for name, r in results.items()}  # type: ignore[index]
     labels = {
         "ours": "journeyman, gradient checkpointing on (as TRL)",
         "ours_no_ckpt": "journeyman, gradient checkpointing off",
+        "ours_merged": "journeyman, adapter merged into vLLM's weights, checkpointing on",
+        "ours_merged_no_ckpt": "journeyman, adapter merged into vLLM's weights, checkpointing off",
         "trl": "TRL GRPOTrainer (HF generate in the step)",
     }
     rows = [
@@ -177,7 +184,7 @@ def measure() -> str:
         for name, r in results.items()
     ]  # fmt: skip
     splits = []
-    for name in ("ours", "ours_no_ckpt"):
+    for name in ("ours", "ours_no_ckpt", "ours_merged", "ours_merged_no_ckpt"):
         phases = results[name]["phases"][1:]  # type: ignore[index]
         splits.append(
             f"{labels[name]}: "

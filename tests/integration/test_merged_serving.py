@@ -1,0 +1,120 @@
+"""Adapters merged into the served weights (VLLMConfig(merge_adapters=True)) on the real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.router import Router
+from journeyman.backend.vllm import VLLMConfig, VLLMServer
+
+from .conftest import make_adapter
+
+# Long enough to fill whole prefix-cache blocks: a stale cache would answer from the old weights.
+PROMPT = "Here is a list of rivers and the seas they flow into. " + " ".join(
+    f"River {n} flows into sea {n % 7}." for n in range(60)
+)
+
+
+@pytest.fixture(scope="module")
+def merged(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Router, GatewayThread]]:
+    folder = tmp_path_factory.mktemp("merged")
+    server = VLLMServer(
+        VLLMConfig(model=model_dir, served_name="base", merge_adapters=True), log_path=folder / "vllm.log"
+    )
+    server.start(timeout=600)
+    records = RecordLog(folder / "records.jsonl")
+    router = Router(server)
+    try:
+        with GatewayThread(Gateway(router, records)) as gateway:
+            yield router, gateway
+    finally:
+        records.close()
+        server.stop()
+
+
+def _reference(model_dir: Path, adapter: Path | None, prompt: list[int], completion: list[int]) -> Any:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+async def test_a_merged_adapter_answers_like_the_adapter(
+    merged: tuple[Router, GatewayThread], model_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+
+    router, gateway = merged
+    client = openai.AsyncOpenAI(base_url=gateway.base_url + "/v1", api_key="-", max_retries=0)
+    records = gateway.gateway.records
+    request = {
+        "model": "agent", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+        "temperature": 1.0, "seed": 3, "logprobs": True,
+    }  # fmt: skip
+    await router.deploy("agent", None, 0)
+    before = records.get((await client.chat.completions.create(**request)).id)  # fills the prefix cache
+    assert before is not None and before.policy_version == 0
+
+    adapter = make_adapter(model_dir, tmp_path / "adapter", rank=8, seed=5, scale=1.0)
+    assert await router.deploy("agent", adapter, 1) == "base"
+    after = records.get((await client.chat.completions.create(**request)).id)
+    assert after is not None and after.policy_version == 1 and after.served_model == "base"
+    prompt, completion = after.prompt_token_ids or [], after.choices[0].completion_token_ids or []
+    assert prompt == before.prompt_token_ids and len(prompt) > 400 and len(completion) == 24
+    sampled = torch.tensor(after.choices[0].logprobs or [])
+    difference = (_reference(model_dir, adapter, prompt, completion) - sampled).abs().mean()
+    off = (_reference(model_dir, None, prompt, completion) - sampled).abs().mean()
+    print(
+        f"\nmerged adapter logprobs, vLLM vs transformers + peft: mean |diff| {difference:.4f}, base {off:.4f}"
+    )
+    assert difference < 0.06, f"mean |diff| {difference:.4f}"
+    assert off > 4 * difference  # the merged adapter answers, not stale base weights or cache
+
+    # Back to the base weights at step 0 (e.g. a reset): the base model answers again.
+    await router.deploy("agent", None, 0)
+    again = records.get((await client.chat.completions.create(**request)).id)
+    assert (
+        again is not None and again.choices[0].completion_token_ids == before.choices[0].completion_token_ids
+    )
+
+
+async def test_requests_during_a_merged_deploy_all_answer_with_one_version(
+    merged: tuple[Router, GatewayThread], model_dir: Path, tmp_path: Path
+) -> None:
+    router, gateway = merged
+    client = openai.AsyncOpenAI(base_url=gateway.base_url + "/v1", api_key="-", max_retries=0, timeout=300)
+    await router.deploy("agent", None, 0)
+    adapter = make_adapter(model_dir, tmp_path / "adapter", rank=8, seed=6, scale=1.0)
+
+    async def ask(n: int) -> str:
+        response = await client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": f"Count to {n}."}], max_tokens=32
+        )
+        return response.id
+
+    running = [asyncio.create_task(ask(n)) for n in range(6)]
+    await asyncio.sleep(0.3)  # they are running when the deploy starts
+    deploy = asyncio.create_task(router.deploy("agent", adapter, 7))
+    while not router._reloading:  # merged; now waiting for the running requests to finish
+        await asyncio.sleep(0.01)
+    later = [asyncio.create_task(ask(n)) for n in range(6, 10)]  # held until the reload is done
+    await deploy
+    ids = await asyncio.gather(*running, *later)
+    versions = [record.policy_version for record in map(gateway.gateway.records.get, ids) if record]
+    assert len(versions) == 10
+    assert versions[:6] == [0] * 6 and versions[6:] == [7] * 4
