@@ -70,6 +70,15 @@ def serve(
             help="Serve each trained step merged into vLLM's weights (one trained model; faster on CPU)."
         ),
     ] = False,
+    replicas: Annotated[
+        int, typer.Option(help="vLLM replicas behind the gateway, each rollout sticking to one.")
+    ] = 1,
+    inference: Annotated[
+        bool,
+        typer.Option(
+            help="Serve rollouts here; --no-inference only trains and pushes each step to --push-to."
+        ),
+    ] = True,
 ) -> None:
     """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
 
@@ -101,8 +110,9 @@ def serve(
         )
     push = AdapterPush(push_to, push_token) if push_to else None
     backend = LocalBackend(
-        root=root, gateway_thread=False, push_to=push, merge_adapters=merge_adapters, **options
-    )
+        root=root, gateway_thread=False, push_to=push, merge_adapters=merge_adapters, replicas=replicas,
+        inference=inference, **options,
+    )  # fmt: skip
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
 

@@ -140,8 +140,13 @@ class AdapterPush:
         self.token = token
         self.timeout = timeout
 
-    async def push(self, name: str, base_model: str, folder: Path, step: int) -> list[str]:
-        """Send ``folder`` as ``name@step`` to every gateway at once; their served names."""
+    async def push(
+        self, name: str, base_model: str, folder: Path, step: int, *, existing_ok: bool = False
+    ) -> list[str]:
+        """Send ``folder`` as ``name@step`` to every gateway at once; their served names.
+
+        ``existing_ok``: a gateway that already serves this step (409) counts as done.
+        """
         data = await asyncio.to_thread(pack_adapter, Path(folder))
         headers = {"content-type": "application/x-tar"}
         if self.token:
@@ -158,6 +163,8 @@ class AdapterPush:
                     )
                 except httpx.HTTPError as error:
                     raise AdapterError(f"could not push {name}@{step} to {url}: {error!r}") from error
+                if response.status_code == 409 and existing_ok:
+                    return f"{name}@{step}"
                 if response.status_code != 200:
                     raise AdapterError(
                         f"{url} refused {name}@{step} ({response.status_code}): {_message(response)}"

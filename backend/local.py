@@ -26,12 +26,12 @@ from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
-from .fleet import AdapterPush
+from .fleet import AdapterPush, Replicas
 from .gateway import Gateway, GatewayThread, RecordLog
 from .models import EMBEDDED_MODELS, resolve_base_model
 from .router import Router
 from .trainer import Trainer
-from .vllm import VLLMConfig, VLLMServer
+from .vllm import VLLMConfig, VLLMServer, cuda_available
 
 __all__ = ["LocalBackend"]
 
@@ -55,7 +55,16 @@ class LocalBackend:
         push_to: AdapterPush | None = None,
         trainer_class: type[Trainer] = Trainer,
         merge_adapters: bool | None = None,
+        replicas: int = 1,
+        inference: bool = True,
     ) -> None:
+        if replicas < 1:
+            raise ConfigError(f"replicas must be at least 1, got {replicas}")
+        if not inference and push_to is None:
+            raise ConfigError(
+                "a LocalBackend without inference only trains: give it push_to=AdapterPush([...]) so each "
+                "step is served by the inference machines"
+            )
         self.root = Path(root) if root is not None else default_root()
         self._vllm_config = vllm
         cores = os.cpu_count() or 1
@@ -67,7 +76,7 @@ class LocalBackend:
         """Serve the gateway on a thread and port of its own; False when an outer server (``journeyman
         serve``) routes to :attr:`gateway_app` on its own event loop."""
         self.gateway_app: Gateway | None = None
-        self.server: VLLMServer | None = None
+        self.server: VLLMServer | Replicas | None = None
         self.router: Router | None = None
         self.gateway: GatewayThread | None = None
         self.records: RecordLog | None = None
@@ -84,6 +93,11 @@ class LocalBackend:
         self.merge_adapters = merge_adapters
         """Serve each trained step merged into vLLM's weights (one trained model, about 2x faster
         decoding on CPU) instead of as a LoRA adapter; None keeps the ``vllm`` config's choice."""
+        self.replicas = replicas
+        """vLLM servers behind the gateway (backend/fleet.py ``Replicas``), each rollout sticking to
+        one. On CPU the cores are split between them; on CUDA each gets its own GPUs."""
+        self.inference = inference
+        """False on a trainer-only machine: no local vLLM, each step goes to ``push_to``."""
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -103,7 +117,7 @@ class LocalBackend:
         config = replace(config, model=base, cpu_cores=self.vllm_cores, reserved_cpus=0)
         if self.merge_adapters is not None:
             config = replace(config, merge_adapters=self.merge_adapters)
-        self.server = VLLMServer(config, log_path=self.root / "logs" / "vllm.log")
+        self.server = self._servers(config)
         self.server.launch()  # from this (long-lived) thread: the server lives with the caller
         try:
             await asyncio.to_thread(self.server.wait_healthy)
@@ -118,6 +132,21 @@ class LocalBackend:
         if self.gateway_thread:
             self.gateway = GatewayThread(self.gateway_app, port=self.gateway_port).start()
         self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
+
+    def _servers(self, config: VLLMConfig) -> VLLMServer | Replicas:
+        logs = self.root / "logs"
+        if self.replicas == 1:
+            return VLLMServer(config, log_path=logs / "vllm.log")
+        servers = []
+        for i in range(self.replicas):
+            if cuda_available():
+                per = config.tensor_parallel_size * config.data_parallel_size
+                gpus = ",".join(str(g) for g in range(i * per, (i + 1) * per))
+                replica = replace(config, env={**config.env, "CUDA_VISIBLE_DEVICES": gpus})
+            else:
+                replica = replace(config, cpu_cores=_share(self.vllm_cores, i, self.replicas))
+            servers.append(VLLMServer(replica, log_path=logs / f"vllm{i}.log"))
+        return Replicas(servers)
 
     async def _watch(self) -> None:
         """Restart vLLM when its process has exited, and load the kept adapters again."""
@@ -137,38 +166,45 @@ class LocalBackend:
         for folder in (self.root, model.store.path):  # fail now, not after vLLM started
             await asyncio.to_thread(check_writable, folder)
         base = await asyncio.to_thread(resolve_base_model, model.base_model)
-        if isinstance(base, str) and _offline() and not _in_hub_cache(base):
+        if self.inference and isinstance(base, str) and _offline() and not _in_hub_cache(base):
             raise ModelPreparationError(
                 f"unknown base model {base!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), not a "
                 "folder, and not in the Hugging Face cache while HF_HUB_OFFLINE=1. Use an alias or the path "
                 "of a folder saved with save_pretrained"
             )
-        await self._serve(base)
-        assert self.router is not None
+        if self.inference:
+            await self._serve(base)
+        router = self.router
         if model.name in self._trainers:
             trainer = self._trainers[model.name]
         else:
-            router = self.router
-
             push = self.push_to.deployer(model.name, str(model.base_model)) if self.push_to else None
 
             async def deploy(path: Path, step: int) -> Any:
-                served = await router.deploy(model.name, path, step)
-                if push is not None:
-                    await push(path, step)
-                return served
+                served = await router.deploy(model.name, path, step) if router is not None else None
+                pushed = await push(path, step) if push is not None else None
+                return served if router is not None else pushed
 
             trainer = self.trainer_class(
                 base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy
             )
             await asyncio.to_thread(trainer.load)
             self._trainers[model.name] = trainer
-            if trainer.step == 0:
+            if router is None:
+                assert self.push_to is not None
+                # The inference machines serve the current step (a push they already have is fine).
+                await self.push_to.push(
+                    model.name, str(model.base_model), trainer.adapter_path(), trainer.step, existing_ok=True
+                )
+            elif trainer.step == 0:
                 # The step-0 adapter is peft's no-op initialisation: serve the base model, which
                 # answers the same and faster (LoRA roughly halves CPU throughput).
-                await self.router.deploy(model.name, None, 0)
+                await router.deploy(model.name, None, 0)
             else:
-                await self.router.deploy(model.name, trainer.adapter_path(), trainer.step)
+                await router.deploy(model.name, trainer.adapter_path(), trainer.step)
+        if not self.inference:
+            assert self.push_to is not None  # rollouts go to the first inference machine's gateway
+            return Registration(f"{self.push_to.urls[0]}/v1", self.push_to.token or "-", trainer.step)
         base_url = f"{self.gateway.base_url}/v1" if self.gateway is not None else ""
         return Registration(base_url=base_url, api_key="local", step=trainer.step)
 
@@ -220,6 +256,18 @@ class LocalBackend:
             self.server.stop()
             self.server = None
         self._trainers.clear()
+
+
+def _share(cores: str, i: int, n: int) -> str:
+    """Replica ``i`` of ``n``'s part of a core list like ``"0-3"`` or ``"0,2,4"`` (shared when too few)."""
+    listed: list[int] = []
+    for part in cores.split(","):
+        first, _, last = part.partition("-")
+        listed += range(int(first), int(last or first) + 1)
+    if len(listed) < n:
+        return str(listed[i % len(listed)])
+    per = len(listed) // n
+    return ",".join(map(str, listed[i * per : (i + 1) * per]))
 
 
 def _offline() -> bool:

@@ -182,8 +182,8 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         )
         registration = await backend.register(model)
         models[(model.project, model.name)] = model
-        base = str(request.base_url).rstrip("/")
-        return JSONResponse({"base_url": f"{base}/v1", "step": registration.step})
+        base = f"{str(request.base_url).rstrip('/')}/v1" if backend.inference else registration.base_url
+        return JSONResponse({"base_url": base, "step": registration.step})  # rollouts go there
 
     async def step(request: Request) -> Response:
         model = lookup(request)

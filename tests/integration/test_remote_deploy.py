@@ -47,17 +47,21 @@ def _serve(tmp_path: Path, name: str, token: str, *extra: str) -> tuple[str, sub
     pytest.fail((tmp_path / f"{name}.log").read_text()[-3000:])
 
 
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    inference, first = _serve(tmp_path, "inference", INFERENCE_TOKEN)
-    trainer, second = _serve(tmp_path, "trainer", TOKEN, "--push-to", inference)
-    yield trainer, inference
-    for process in (second, first):
+def _stop(*processes: subprocess.Popen[bytes]) -> None:
+    for process in processes:
         process.send_signal(signal.SIGINT)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    inference, first = _serve(tmp_path, "inference", INFERENCE_TOKEN)
+    trainer, second = _serve(tmp_path, "trainer", TOKEN, "--push-to", inference)
+    yield trainer, inference
+    _stop(second, first)
 
 
 def _answer(url: str, token: str, model: str) -> tuple[str, list[float]]:
@@ -111,3 +115,37 @@ async def test_the_trainer_pushes_each_step_to_the_inference_server(
     assert remote_logprobs == pytest.approx(logprobs, abs=1e-3)
     assert remote_logprobs != pytest.approx(base_logprobs, abs=1e-3)  # not the base model's answer
     assert _answer(inference_url, INFERENCE_TOKEN, "agent@1")[0] == text
+
+
+async def test_a_trainer_only_server_starts_no_vllm_and_sends_rollouts_to_the_inference_server(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    inference_url, first = _serve(tmp_path, "inference", INFERENCE_TOKEN)
+    trainer_url, second = _serve(tmp_path, "trainer", TOKEN, "--push-to", inference_url, "--no-inference")
+    try:
+        async with jm.RemoteBackend(trainer_url, token=TOKEN) as backend:
+            model = jm.TrainableModel(
+                name="solo", project="test", base_model="smollm2-135m", root=tmp_path / "c"
+            )
+            await model.register(backend)  # pushes step 0 to the inference server
+            assert model.inference_base_url == f"{inference_url}/v1"
+            before, _ = _answer(inference_url, INFERENCE_TOKEN, "solo@0")
+            result = await model.train(groups(tokenizer), TrainConfig(learning_rate=5e-3))
+            assert result.step == 1
+            await model.register(backend)  # registering again: step 1 is already there, which is fine
+        headers = {"Authorization": f"Bearer {INFERENCE_TOKEN}"}
+        listed = {m["id"] for m in httpx.get(f"{inference_url}/v1/models", headers=headers).json()["data"]}
+        assert {"solo", "solo@0", "solo@1"} <= listed
+        assert (
+            _answer(inference_url, INFERENCE_TOKEN, "solo")[0]
+            == _answer(inference_url, INFERENCE_TOKEN, "solo@1")[0]
+        )
+        assert not (tmp_path / "trainer" / "logs" / "vllm.log").exists()  # no vLLM on the trainer
+        trained = tmp_path / "trainer" / "test" / "solo" / "checkpoints" / "0001" / "adapter"
+        pushed = tmp_path / "inference" / "deployments" / "solo" / "0001"
+        assert (pushed / "adapter_model.safetensors").read_bytes() == (
+            trained / "adapter_model.safetensors"
+        ).read_bytes()
+        assert before  # step 0 answered before training
+    finally:
+        _stop(second, first)

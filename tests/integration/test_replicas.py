@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -79,3 +80,27 @@ async def test_rollouts_stick_to_one_replica_and_adapters_load_on_both(
         assert all(expected[s.base_url] for s in replicas.servers)  # and both replicas were used
         assert {r.rollout_id for r in records.for_rollout("rollout-0")} == {"rollout-0"}
     records.close()
+
+
+async def test_local_backend_trains_behind_two_replicas(tmp_path: Path, tokenizer: Any) -> None:
+    import journeyman as jm
+    from journeyman.backend.local import LocalBackend, _share
+    from tests.integration.test_distributed_trainer import groups
+
+    async with LocalBackend(root=tmp_path, replicas=2) as backend:
+        model = jm.TrainableModel(name="pair", project="test", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        assert isinstance(backend.server, Replicas)
+        cores = [s.config.cpu_cores for s in backend.server.servers]
+        assert cores == [_share(backend.vllm_cores, i, 2) for i in range(2)] and cores[0] != cores[1]
+        result = await model.train(groups(tokenizer), jm.TrainConfig(learning_rate=5e-3))
+        assert result.step == 1
+        for server in backend.server.servers:
+            names = {m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]}
+            assert "pair@1" in names, server.base_url
+        response = await model.openai_client().chat.completions.create(
+            model="pair", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        record = backend.records.get(response.id)  # type: ignore[union-attr]
+        assert record is not None and record.served_model == "pair@1"
+    assert {p.name for p in (tmp_path / "logs").iterdir()} >= {"vllm0.log", "vllm1.log"}

@@ -163,3 +163,20 @@ def test_replicas_must_share_a_served_name() -> None:
     b = VLLMServer(VLLMConfig(model="m", served_name="b"), log_path=Path("x.log"))
     with pytest.raises(ConfigError, match="one name"):
         Replicas([a, b])
+
+
+@pytest.mark.parametrize(
+    ("cores", "n", "shares"),
+    [("0-1", 2, ["0", "1"]), ("0-3", 2, ["0,1", "2,3"]), ("0,2,4", 3, ["0", "2", "4"]), ("0", 2, ["0", "0"])],
+)
+def test_replicas_split_the_cores(cores: str, n: int, shares: list[str]) -> None:
+    from journeyman.backend.local import _share
+
+    assert [_share(cores, i, n) for i in range(n)] == shares
+
+
+def test_local_backend_refuses_settings_that_cannot_work(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="push_to"):
+        LocalBackend(root=tmp_path, inference=False)
+    with pytest.raises(ConfigError, match="at least 1"):
+        LocalBackend(root=tmp_path, replicas=0)

@@ -1,0 +1,97 @@
+"""`journeyman serve` under torchrun: rank 0 serves HTTP and leads, rank 1 follows each step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import journeyman as jm
+from journeyman.backend.vllm import free_port
+from journeyman.config import TrainConfig
+from tests.integration.test_distributed_trainer import groups, lora_weights
+
+TOKEN = "dp-token"
+CONFIG = TrainConfig(learning_rate=5e-3)
+
+
+@pytest.mark.timeout(900)
+async def test_serve_under_torchrun_trains_each_step_on_both_ranks(tmp_path: Path, tokenizer: Any) -> None:
+    pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from journeyman.backend.trainer import Trainer
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "journeyman.backend", "serve", "--port", str(port), "--root", str(tmp_path / "served"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "JOURNEYMAN_TOKEN": TOKEN}
+    log = tmp_path / "torchrun.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(log.read_text()[-3000:])
+
+        async with jm.RemoteBackend(url, token=TOKEN, timeout=600) as backend:
+            model = jm.TrainableModel(
+                name="dp", project="test", base_model="smollm2-135m", root=tmp_path / "c"
+            )
+            await model.register(backend)
+            # rank 0 all-reduces with rank 1 inside the step: it completes only if rank 1 follows
+            result = await model.train(groups(tokenizer), CONFIG)
+            assert result.step == 1
+            assert "train/loss" in result.metrics
+    finally:
+        os.killpg(process.pid, signal.SIGINT)  # torchrun passes it on; rank 0 tells rank 1 to stop
+        try:
+            code = process.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail("torchrun did not stop within 90 s of SIGINT:\n" + log.read_text()[-3000:])
+    assert code == 0, log.read_text()[-3000:]
+
+    served = load_file(
+        str(
+            tmp_path
+            / "served"
+            / "test"
+            / "dp"
+            / "checkpoints"
+            / "0001"
+            / "adapter"
+            / "adapter_model.safetensors"
+        )
+    )
+    single = Trainer("smollm2-135m", jm.ModelStore("test", "dp", root=tmp_path / "single"), threads=1)
+    single.load()
+    single.train_step(groups(tokenizer), CONFIG)
+    reference = {n.replace(".default", ""): w for n, w in lora_weights(single).items()}
+    moved = 0
+    for name, weight in served.items():
+        expected = reference[name].to(weight.dtype)
+        # AdamW's first step moves each weight by about lr x sign(g): both agree except where a
+        # gradient is so small that summing it in another order flips its sign.
+        disagree = ((weight - expected).abs() > CONFIG.learning_rate / 2).float().mean()
+        assert disagree < 0.01, f"{name}: {disagree:.2%} of the weights differ from one process"
+        moved += bool(weight.abs().max() > 0)
+    assert moved == len(served) // 2  # every lora_B moved at step 1
