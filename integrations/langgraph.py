@@ -40,8 +40,8 @@ from ._capture import (
     RecordSource,
     ToolRun,
     build_trajectory,
-    http_records,
-    join_records,
+    gateway_records,
+    join_each,
     logger,
 )
 
@@ -91,7 +91,8 @@ class TrajectoryTracer(BaseCallbackHandler):
 
     ``records`` is where completion records are read: the gateway's ``RecordLog`` (in process),
     a gateway URL, or None to ask the gateway each chat model points at (its ``base_url``).
-    ``api_key`` authenticates those reads against ``journeyman serve``.
+    A gateway URL whose gateway runs in this process is read directly, without HTTP.
+    ``api_key`` authenticates HTTP reads against ``journeyman serve``.
     """
 
     run_inline = True  # cheap handlers: run them in the caller's thread, in event order
@@ -109,7 +110,7 @@ class TrajectoryTracer(BaseCallbackHandler):
         """Failures inside the tracer itself (logged, never raised into the agent by default)."""
         self.trajectories: list[Trajectory] = []
         """Finished trajectories, in the order their runs ended."""
-        self._records = http_records(records, api_key) if isinstance(records, str) else records
+        self._records = records
         self._api_key = api_key
         self._by_run: dict[UUID, Trajectory] = {}
         self._active: dict[UUID, _Run] = {}
@@ -179,7 +180,7 @@ class TrajectoryTracer(BaseCallbackHandler):
             trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
             trajectory.log(f"the run raised {type(error).__name__}: {error}")
         calls = list(run.calls.values())
-        failed = sum(join_records([c], self._source(c)) for c in calls)
+        failed = join_each(calls, self._source)
         if failed:
             trajectory.metrics["record_lookup_errors"] = failed
         build_trajectory(calls, run.tools.values(), trajectory=trajectory)
@@ -189,11 +190,8 @@ class TrajectoryTracer(BaseCallbackHandler):
             self._by_run[run_id] = trajectory
 
     def _source(self, call: Call) -> RecordSource | None:
-        if self._records is not None:
-            return self._records
-        if call.endpoint is None:
-            return None
-        return http_records(call.endpoint, self._api_key)
+        records = self._records if self._records is not None else call.endpoint
+        return gateway_records(records, self._api_key) if isinstance(records, str) else records
 
     # Chains (graph, nodes) ----------------------------------------------------------------------
 
