@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
@@ -122,11 +125,16 @@ def check_token_exact(history: jm.History, gateway: GatewayThread, tokenizer: An
 
 
 def _first_tool_run(
-    gateway: GatewayThread, tools: list[Any], tracer: TrajectoryTracer, question: str
+    gateway: GatewayThread,
+    tools: list[Any],
+    tracer: TrajectoryTracer,
+    question: str,
+    make_agent: Callable[[ChatOpenAI, list[Any]], Any] | None = None,
 ) -> tuple[dict[str, Any], jm.Trajectory]:
     """Seeded runs until the model calls a tool (it does in about a third of samples)."""
+    make_agent = make_agent or (lambda llm, tools: create_react_agent(llm, tools, prompt=_few_shot))
     for seed in range(24):
-        agent = create_react_agent(_llm(gateway, seed), tools, prompt=_few_shot)
+        agent = make_agent(_llm(gateway, seed), tools)
         config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 8}
         try:
             result = agent.invoke({"messages": [HumanMessage(question)]}, config=config)
@@ -152,6 +160,39 @@ def test_react_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThre
     tool_messages = [m for m in result["messages"] if m.type == "tool"]
     assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
     assert trajectory.metrics["calls_without_tokens"] == 0
+
+
+@wrap_model_call
+def worked_examples(request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+    """Show the model the worked examples (after the system prompt), without adding them to the state."""
+    return handler(request.override(messages=[*FEW_SHOT[1:], *request.messages]))
+
+
+def _langchain_agent(llm: ChatOpenAI, tools: list[Any]) -> Any:
+    return create_agent(llm, tools, system_prompt=FEW_SHOT[0].text, middleware=[worked_examples])
+
+
+def test_create_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThread, tokenizer: Any) -> None:
+    """LangChain 1.x ``create_agent``: the model sees a system prompt and examples from middleware."""
+    tracer = TrajectoryTracer(raise_error=True)
+    result, trajectory = _first_tool_run(
+        gateway, [add, multiply], tracer, "What is 23 plus 19?", make_agent=_langchain_agent
+    )
+    assert tracer.errors == 0 and "error" not in result, result.get("error")
+    check_token_exact(trajectory, gateway, tokenizer)
+    assert trajectory.name == "model"
+    assert {t.function.name for t in trajectory.tools or []} == {"add", "multiply"}
+    # What the model saw: the system prompt and the middleware's examples, then the agent's state.
+    assert [(m.role, m.content or "") for m in trajectory.messages] == [
+        (ROLES[m.type], m.content) for m in [*FEW_SHOT, *result["messages"]]
+    ]
+    assert len(result["messages"]) < len(trajectory.messages)  # the examples never entered the state
+    tool_messages = [m for m in result["messages"] if m.type == "tool"]
+    assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
+    captured = {m.tool_call_id: m.content for m in trajectory.messages if isinstance(m, jm.ToolMessage)}
+    assert all(captured[m.tool_call_id] == m.content for m in tool_messages)
+    assert trajectory.metrics["calls_without_tokens"] == 0
+    assert trajectory.metrics["token_exact_calls"] == trajectory.metrics["llm_calls"] >= 2
 
 
 def test_tool_error_from_a_real_run_is_recorded(gateway: GatewayThread, tokenizer: Any) -> None:
