@@ -506,6 +506,8 @@ class Gateway:
                     continue
                 state.add(chunk, kind)
                 _strip(chunk, wants_logprobs, wants_ids)
+                if kind == "chat" and state.completion_id is not None:
+                    _tag_deltas(chunk, state.completion_id)
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
         except httpx.HTTPError as error:
             logger.warning("upstream stream broke: %r", error)
@@ -557,6 +559,18 @@ def _strip(data: dict[str, Any], logprobs: bool, token_ids: bool) -> None:
         if not token_ids:
             choice.pop("token_ids", None)
             choice.pop("prompt_token_ids", None)
+
+
+def _tag_deltas(chunk: dict[str, Any], completion_id: str) -> None:
+    """Give each streamed delta the completion id, as ``delta["id"]``.
+
+    OpenAI-compatible clients ignore the extra key, while langchain-openai, which keeps no
+    chunk's top-level ``id``, makes it the streamed message's ``id``: so a tracer can join a
+    token-streamed LangChain call to its record.
+    """
+    for choice in chunk.get("choices") or []:
+        if isinstance(choice.get("delta"), dict):
+            choice["delta"].setdefault("id", completion_id)
 
 
 class GatewayThread:

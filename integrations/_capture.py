@@ -5,8 +5,8 @@ tools it bound, the reply and the completion id. :func:`build_trajectory` joins 
 the gateway's records by completion id (for the exact prompt and sampled tokens), then chains
 them into conversations: a call whose messages continue an earlier conversation extends it, a
 call that does not (a sub-agent, a summarised context, a second crew member) starts another
-history. Calls without a record (another endpoint, a streamed call whose id the framework
-dropped) keep their messages only and are counted in ``metrics["calls_without_tokens"]``.
+history. Calls without a record (another endpoint, a framework that dropped the completion
+id) keep their messages only and are counted in ``metrics["calls_without_tokens"]``.
 """
 
 from __future__ import annotations

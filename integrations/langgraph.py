@@ -13,9 +13,10 @@ tool call and error is captured. When the run ends, each call is joined to the g
 by its completion id (``response_metadata["id"]``), so its model turn carries the exact prompt
 and completion token ids and logprobs. Conversations that diverge from the main one (a
 sub-graph or sub-agent with its own messages) become ``trajectory.additional_histories``.
-langchain-openai drops the completion id of token-streamed calls (``stream_mode="messages"``):
-those keep their messages only, flagged in ``metrics["calls_without_tokens"]``, unless the
-model is made with ``disable_streaming=True``.
+Token-streamed calls (``streaming=True``, ``stream_mode="messages"``) are joined too: langchain-openai
+drops the chunks' ``id``, but the gateway also puts it in each delta, which langchain-openai
+makes the message id. Streamed from an endpoint without the gateway, they keep their messages
+only, flagged in ``metrics["calls_without_tokens"]``.
 
 One tracer can watch many runs at once (``invoke``/``ainvoke``/``stream``/``astream``, threads
 or tasks); each root run gives one trajectory (:attr:`TrajectoryTracer.trajectories`,
@@ -74,6 +75,14 @@ def _guarded(method: F) -> F:
                 raise
 
     return cast(F, wrapper)
+
+
+def _streamed_id(message_id: str | None) -> str | None:
+    """The completion id of a token-streamed reply: the gateway puts it in each delta, which
+    langchain-openai makes the message id (LangChain's own ids start with ``lc_`` or ``run-``)."""
+    if message_id is None or message_id.startswith(("lc_", "run-")):
+        return None
+    return message_id
 
 
 @dataclass
@@ -255,8 +264,10 @@ class TrajectoryTracer(BaseCallbackHandler):
                 message = generation.message
                 reply = convert_to_openai_messages(message)
                 call.reply = reply if isinstance(reply, dict) else None
-                call.completion_id = message.response_metadata.get("id") or (response.llm_output or {}).get(
-                    "id"
+                call.completion_id = (
+                    message.response_metadata.get("id")
+                    or (response.llm_output or {}).get("id")
+                    or _streamed_id(message.id)
                 )
             else:
                 call.reply = {"role": "assistant", "content": generation.text}

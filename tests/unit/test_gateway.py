@@ -119,6 +119,8 @@ def test_streamed_parallel_tool_calls_are_assembled(
     relayed = [json.loads(line[5:]) for line in lines[:-1]]
     assert all("token_ids" not in c["choices"][0] and c["choices"][0]["logprobs"] is None for c in relayed)
     assert "prompt_token_ids" not in relayed[0]
+    assert all(c["choices"][0]["delta"]["id"] == "chatcmpl-1" for c in relayed)  # for langchain-openai
+    assert relayed[1]["choices"][0]["delta"]["tool_calls"][0]["id"] == "c1"
     record = gateway.gateway.records.get("chatcmpl-1")
     assert record is not None and record.rollout_id == "r-1" and record.stream
     assert record.prompt_token_ids == [1, 2, 3]

@@ -144,25 +144,47 @@ def test_stream_and_astream(scripted: tuple[ScriptedModel, GatewayThread]) -> No
     _check_react(tracer.trajectory, gateway, 3, 4)
 
 
-def test_token_streaming_loses_the_id_and_is_flagged(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
-    """langchain-openai drops the completion id of streamed calls: messages kept, calls flagged."""
+def test_token_streamed_calls_are_token_exact(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    """The gateway tags each streamed delta with the completion id; langchain-openai keeps it as
+    the message id (it drops the chunks' own ``id``), so the tracer joins streamed calls too."""
     _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    chunks = list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
+    _check_react(tracer.trajectory, gateway, 2, 2)
+    # LangChain ends each call's stream with an empty chunk of its own (chunk_position "last").
+    streamed = [m for m, _ in chunks if m.type == "AIMessageChunk" and m.chunk_position != "last"]
+    assert len(streamed) == 6  # 3 chunks a call, not one message per call
+    assert {m.id for m in streamed} == {t.completion_id for t in tracer.trajectory.model_turns}
+
+    async def run() -> None:
+        async for _ in agent.astream(_question(3, 4), config={"callbacks": [tracer]}, stream_mode="messages"):
+            pass
+
+    asyncio.run(run())
+    _check_react(tracer.trajectory, gateway, 3, 4)
+
+
+def test_token_streamed_calls_to_another_endpoint_are_flagged(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """Without the gateway a streamed reply has only LangChain's own id: messages kept, calls flagged."""
+    _, gateway = scripted
+    direct = gateway.gateway.router.server.base_url
+    llm = ChatOpenAI(model="m", base_url=f"{direct}/v1", api_key="-", temperature=0, max_retries=0)
     tracer = TrajectoryTracer(raise_error=True)
-    chunks = list(
-        _agent(gateway).stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages")
-    )
-    assert chunks
+    agent = create_react_agent(llm, [add])
+    assert list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
     trajectory = tracer.trajectory
     assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
     assert trajectory.metrics["calls_without_tokens"] == 2
-    assert not any(t.is_token_exact for t in trajectory.model_turns)
+    assert not any(t.is_token_exact or t.completion_id for t in trajectory.model_turns)
     assert any("no gateway record" in line for line in trajectory.logs)
 
 
 def test_token_streaming_with_streaming_disabled_stays_token_exact(
     scripted: tuple[ScriptedModel, GatewayThread],
 ) -> None:
-    """The workaround: ``disable_streaming=True`` keeps the id, and messages mode still streams messages."""
+    """``disable_streaming=True``: one response per call, and messages mode streams whole messages."""
     _, gateway = scripted
     llm = ChatOpenAI(
         model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0, disable_streaming=True
