@@ -10,8 +10,10 @@ Agents point their OpenAI base URL at the gateway. For each chat or text complet
 
 A rollout id ties completions to one agent run, without patching any library: send the header
 ``X-Journeyman-Rollout-Id``, or use the per-rollout base URL ``{gateway}/r/{rollout_id}/v1``.
-Records are found by completion id and by rollout id, in process (:class:`RecordLog`) and over
-HTTP (``GET /records/{completion_id}``, ``GET /records?rollout_id=...``).
+Records are found by completion id and by rollout id, in process (:class:`RecordLog`, which
+:class:`GatewayThread` registers under its URL for tracers in the same process) and over HTTP
+(``GET /records/{completion_id}``, ``GET /records?completion_id=...&completion_id=...``,
+``GET /records?rollout_id=...``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from starlette.routing import Route
 
 from journeyman.errors import BackendError, StorageError
 from journeyman.messages import AssistantMessage
-from journeyman.records import SAMPLING_KEYS, ChoiceRecord, CompletionRecord
+from journeyman.records import (
+    SAMPLING_KEYS,
+    ChoiceRecord,
+    CompletionRecord,
+    register_in_process,
+    unregister_in_process,
+)
 
 from .router import Router
 
@@ -332,11 +340,18 @@ class Gateway:
 
     async def list_records(self, request: Request) -> Response:
         rollout_id = request.query_params.get("rollout_id")
-        if not rollout_id:
+        completion_ids = request.query_params.getlist("completion_id")
+        if rollout_id:
+            records = self.records.for_rollout(rollout_id)
+        elif completion_ids:  # several at once: a tracer joins a whole run in one request
+            records = [r for i in completion_ids if (r := self.records.get(i)) is not None]
+        else:
             return _error(
-                400, "give ?rollout_id=... (records by completion id are at /records/{id})", "invalid_request"
+                400,
+                "give ?rollout_id=... or ?completion_id=...&completion_id=... "
+                "(one record by completion id is at /records/{id})",
+                "invalid_request",
             )
-        records = self.records.for_rollout(rollout_id)
         body = '{"records": [' + ", ".join(r.model_dump_json() for r in records) + "]}"
         return Response(body, media_type="application/json")
 
@@ -490,6 +505,8 @@ class Gateway:
                     continue
                 state.add(chunk, kind)
                 _strip(chunk, wants_logprobs, wants_ids)
+                if kind == "chat" and state.completion_id is not None:
+                    _tag_deltas(chunk, state.completion_id)
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
         except httpx.HTTPError as error:
             logger.warning("upstream stream broke: %r", error)
@@ -543,8 +560,24 @@ def _strip(data: dict[str, Any], logprobs: bool, token_ids: bool) -> None:
             choice.pop("prompt_token_ids", None)
 
 
+def _tag_deltas(chunk: dict[str, Any], completion_id: str) -> None:
+    """Give each streamed delta the completion id, as ``delta["id"]``.
+
+    OpenAI-compatible clients ignore the extra key, while langchain-openai, which keeps no
+    chunk's top-level ``id``, makes it the streamed message's ``id``: so a tracer can join a
+    token-streamed LangChain call to its record.
+    """
+    for choice in chunk.get("choices") or []:
+        if isinstance(choice.get("delta"), dict):
+            choice["delta"].setdefault("id", completion_id)
+
+
 class GatewayThread:
-    """Runs a gateway with uvicorn on a thread of its own (its own event loop)."""
+    """Runs a gateway with uvicorn on a thread of its own (its own event loop).
+
+    While it runs, tracers in this process that point at its URL read its records directly
+    (``journeyman.records.in_process_records``) instead of over HTTP.
+    """
 
     def __init__(
         self,
@@ -585,9 +618,13 @@ class GatewayThread:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise BackendError(f"the gateway did not start on {self.base_url} (port in use?)")
             time.sleep(0.02)
+        if isinstance(self.gateway, Gateway):
+            register_in_process(self.base_url, self.gateway.records)
         return self
 
     def stop(self) -> None:
+        if isinstance(self.gateway, Gateway):
+            unregister_in_process(self.base_url, self.gateway.records)
         self._server.should_exit = True
         self._thread.join()
 

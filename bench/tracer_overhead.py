@@ -5,8 +5,9 @@ Two set-ups, each alternating traced and untraced runs so both see the same mach
 1. an in-process scripted chat model (no network): what the callbacks and the trajectory
    building cost per LLM call, with nothing else to hide behind;
 2. a ReAct agent (``create_react_agent``, ``ChatOpenAI``) calling the real gateway in front of
-   a scripted OpenAI-compatible model: per run, including the record lookups (in process, and
-   over HTTP from the gateway).
+   a scripted OpenAI-compatible model: per run, including the record lookups (the RecordLog
+   given, the gateway found in process by its URL, and over HTTP from a gateway the tracer
+   cannot find in process).
 
 Target: <= 1 ms per LLM call and <= 2% of run time.
 """
@@ -84,6 +85,10 @@ def alternate(
     return plain, traced
 
 
+def runner(agent: Any, inputs: Any) -> Callable[[list[Any]], None]:
+    return lambda callbacks: agent.invoke(inputs, config={"callbacks": callbacks})
+
+
 def row(name: str, plain: list[float], traced: list[float], calls: int) -> tuple[str, ...]:
     base, with_tracer = statistics.median(plain), statistics.median(traced)
     added = with_tracer - base
@@ -107,24 +112,32 @@ def measure(runs: int, calls: int) -> str:
 
     model = ScriptedModel()
     upstream = serve(model.app())
+    question = {"messages": [("user", "What is 2 plus 3?")]}
     with tempfile.TemporaryDirectory() as tmp:
         records = RecordLog(Path(tmp) / "records.jsonl")
         server = ScriptedServer(upstream.base_url, log_dir=Path(tmp))
         with GatewayThread(Gateway(Router(server), records)) as gateway:
             llm = ChatOpenAI(model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
-            agent = create_react_agent(llm, [add])
-            question = {"messages": [("user", "What is 2 plus 3?")]}
-
-            def react(callbacks: list[Any]) -> None:
-                agent.invoke(question, config={"callbacks": callbacks})
-
+            react = runner(create_react_agent(llm, [add]), question)
             plain, traced = alternate(react, lambda: TrajectoryTracer(records), runs)
             rows.append(
-                row("ReAct agent via the gateway, records in process (2 LLM calls)", plain, traced, 2)
+                row("ReAct agent via the gateway, its RecordLog given (2 LLM calls)", plain, traced, 2)
             )
             plain, traced = alternate(react, TrajectoryTracer, runs)
-            rows.append(row("ReAct agent via the gateway, records over HTTP (2 LLM calls)", plain, traced, 2))
+            rows.append(
+                row("ReAct agent via the gateway, found in process by URL (2 LLM calls)", plain, traced, 2)
+            )
+        # The same gateway served as a plain ASGI app: not registered, so read as one in another
+        # process would be (one GET /records?completion_id=... per run), yet sharing this process.
+        http_log = RecordLog(Path(tmp) / "http.jsonl")
+        http_gateway = serve(Gateway(Router(server), http_log).app)
+        llm = ChatOpenAI(model="m", base_url=f"{http_gateway.base_url}/v1", api_key="-", max_retries=0)
+        react = runner(create_react_agent(llm, [add]), question)
+        plain, traced = alternate(react, TrajectoryTracer, runs)
+        rows.append(row("ReAct agent via the gateway, records over HTTP (2 LLM calls)", plain, traced, 2))
+        http_gateway.stop()
         records.close()
+        http_log.close()
     upstream.stop()
     return (
         f"### TrajectoryTracer overhead (median of {runs} alternating runs; {machine()})\n\n"

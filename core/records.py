@@ -8,14 +8,23 @@ by ``completion_id`` (or collected by ``rollout_id``) and become :class:`~journe
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from journeyman.messages import AssistantMessage, ModelTurn
 
-__all__ = ["ChoiceRecord", "CompletionRecord"]
+__all__ = [
+    "ChoiceRecord",
+    "CompletionRecord",
+    "RecordSource",
+    "in_process_records",
+    "register_in_process",
+    "unregister_in_process",
+]
 
 SAMPLING_KEYS = (
     "temperature",
@@ -92,3 +101,47 @@ class CompletionRecord(BaseModel):
             finish_reason=choice.finish_reason,
             sampling=self.sampling or None,
         )
+
+
+class RecordSource(Protocol):
+    """Where completion records are looked up by completion id (a gateway's ``RecordLog``, HTTP)."""
+
+    def get(self, completion_id: str) -> CompletionRecord | None: ...
+
+
+# Gateways running in this process, by address: a tracer next to one reads its records directly
+# instead of over HTTP. Loopback and wildcard hosts are one address (127.0.0.1, localhost, 0.0.0.0).
+_in_process: dict[tuple[str, int], RecordSource] = {}
+_in_process_lock = threading.Lock()
+_LOCAL_HOSTS = frozenset({"localhost", "::1", "0.0.0.0", "::", ""})
+
+
+def _address(url: str) -> tuple[str, int] | None:
+    parts = urlsplit(url if "//" in url else f"//{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    return ("local" if host in _LOCAL_HOSTS or host.startswith("127.") else host, port)
+
+
+def register_in_process(url: str, records: RecordSource) -> None:
+    """Announce that the gateway at ``url`` (``http://host:port``) runs in this process."""
+    if (address := _address(url)) is not None:
+        with _in_process_lock:
+            _in_process[address] = records
+
+
+def unregister_in_process(url: str, records: RecordSource) -> None:
+    """Forget the gateway at ``url`` (when it stops), if ``records`` is still the one registered."""
+    if (address := _address(url)) is not None:
+        with _in_process_lock:
+            if _in_process.get(address) is records:
+                del _in_process[address]
+
+
+def in_process_records(url: str) -> RecordSource | None:
+    """The records of the gateway at ``url`` when it runs in this process, else None."""
+    address = _address(url)
+    return _in_process.get(address) if address is not None else None

@@ -5,8 +5,8 @@ tools it bound, the reply and the completion id. :func:`build_trajectory` joins 
 the gateway's records by completion id (for the exact prompt and sampled tokens), then chains
 them into conversations: a call whose messages continue an earlier conversation extends it, a
 call that does not (a sub-agent, a summarised context, a second crew member) starts another
-history. Calls without a record (another endpoint, a streamed call whose id the framework
-dropped) keep their messages only and are counted in ``metrics["calls_without_tokens"]``.
+history. Calls without a record (another endpoint, a framework that dropped the completion
+id) keep their messages only and are counted in ``metrics["calls_without_tokens"]``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from journeyman.errors import InvalidDataError
 from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
-from journeyman.records import CompletionRecord
+from journeyman.records import CompletionRecord, RecordSource, in_process_records
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
 __all__ = [
@@ -34,17 +34,14 @@ __all__ = [
     "RecordSource",
     "ToolRun",
     "build_trajectory",
+    "gateway_records",
     "gateway_root",
     "http_records",
+    "join_each",
+    "join_records",
 ]
 
 logger = logging.getLogger("journeyman.integrations")
-
-
-class RecordSource(Protocol):
-    """Where completion records are looked up: the gateway's ``RecordLog`` or :class:`HttpRecords`."""
-
-    def get(self, completion_id: str) -> CompletionRecord | None: ...
 
 
 _ROLLOUT_SUFFIX = re.compile(r"(/r/[^/]+)?/v1/?$")
@@ -56,11 +53,15 @@ def gateway_root(base_url: str) -> str:
 
 
 class HttpRecords:
-    """Records read from a gateway over HTTP (``GET /records/<completion_id>``), on one kept-alive client.
+    """Records read from a gateway over HTTP, on one kept-alive client.
 
-    An endpoint that answers like no journeyman gateway (a 404 without the gateway's error, a
-    401) is asked once: later lookups return None without a request.
+    ``get`` asks ``GET /records/<completion_id>``; ``get_many`` asks for up to 50 records in one
+    ``GET /records?completion_id=...`` (one request per id from a gateway that predates it). An
+    endpoint that answers like no journeyman gateway (a 404 without the gateway's error, a 401)
+    is asked once: later lookups return nothing without a request.
     """
+
+    batch = 50
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
         self.root = gateway_root(base_url)
@@ -79,6 +80,28 @@ class HttpRecords:
         if response.status_code == 404 and b'"not_found"' in response.content:
             self.is_gateway = True
             return None
+        self._refused(response)
+        return None
+
+    def get_many(self, completion_ids: Sequence[str]) -> dict[str, CompletionRecord]:
+        """The records found for these ids, by id."""
+        found: dict[str, CompletionRecord] = {}
+        for start in range(0, len(completion_ids), self.batch):
+            if self.is_gateway is False:
+                break
+            chunk = list(completion_ids[start : start + self.batch])
+            response = self._client.get("/records", params={"completion_id": chunk})
+            if response.status_code == 200:
+                self.is_gateway = True
+                records = _RECORD_LIST.validate_json(response.content)["records"]
+                found.update((r.completion_id, r) for r in records)
+            elif response.status_code == 400:  # a gateway that only lists by ?rollout_id=
+                found.update((i, r) for i in chunk if (r := self.get(i)) is not None)
+            else:
+                self._refused(response)
+        return found
+
+    def _refused(self, response: httpx.Response) -> None:
         if response.status_code in (401, 403):
             self.is_gateway = False
             logger.warning(
@@ -87,18 +110,17 @@ class HttpRecords:
                 self.root,
                 response.status_code,
             )
-            return None
-        if response.status_code in (404, 405):
+        elif response.status_code in (404, 405):
             self.is_gateway = False
             logger.info("%s is not a journeyman gateway: its calls are kept without token ids", self.root)
-            return None
-        response.raise_for_status()
-        return None
+        else:
+            response.raise_for_status()
 
     def close(self) -> None:
         self._client.close()
 
 
+_RECORD_LIST = TypeAdapter(dict[str, list[CompletionRecord]])
 _shared: dict[tuple[str, str | None], HttpRecords] = {}
 _shared_lock = threading.Lock()
 
@@ -110,6 +132,12 @@ def http_records(base_url: str, api_key: str | None = None) -> HttpRecords:
         if key not in _shared:
             _shared[key] = HttpRecords(base_url, api_key)
         return _shared[key]
+
+
+def gateway_records(base_url: str, api_key: str | None = None) -> RecordSource:
+    """Where to read a gateway's records: its ``RecordLog`` when it runs in this process, else HTTP."""
+    local = in_process_records(gateway_root(base_url))  # not `or`: an empty RecordLog is falsy
+    return local if local is not None else http_records(base_url, api_key)
 
 
 @dataclass
@@ -145,16 +173,35 @@ class ToolRun:
 
 def join_records(calls: Iterable[Call], source: RecordSource | None) -> int:
     """Attach each call's gateway record; returns how many lookups failed (logged)."""
-    failures = 0
-    for call in calls:
-        if call.record is not None or call.completion_id is None or source is None:
-            continue
+    pending = [c for c in calls if c.record is None and c.completion_id is not None]
+    if source is None or not pending:
+        return 0
+    if isinstance(source, HttpRecords):  # one request for the whole run, not one per call
         try:
-            call.record = source.get(call.completion_id)
+            found = source.get_many([c.completion_id for c in pending if c.completion_id is not None])
+        except Exception as error:
+            logger.warning("could not read %d records from %s: %r", len(pending), source.root, error)
+            return len(pending)
+        for call in pending:
+            call.record = found.get(call.completion_id or "")
+        return 0
+    failures = 0
+    for call in pending:
+        try:
+            call.record = source.get(call.completion_id or "")
         except Exception as error:
             failures += 1
             logger.warning("could not read the record of %s: %r", call.completion_id, error)
     return failures
+
+
+def join_each(calls: Iterable[Call], source_of: Callable[[Call], RecordSource | None]) -> int:
+    """:func:`join_records` for calls that may have gone to different gateways."""
+    groups: dict[int, tuple[RecordSource | None, list[Call]]] = {}
+    for call in calls:
+        source = source_of(call)
+        groups.setdefault(id(source), (source, []))[1].append(call)
+    return sum(join_records(group, source) for source, group in groups.values())
 
 
 def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -35,8 +35,8 @@ from ._capture import (
     RecordSource,
     ToolRun,
     build_trajectory,
-    http_records,
-    join_records,
+    gateway_records,
+    join_each,
     logger,
 )
 
@@ -77,7 +77,7 @@ class CrewTracer:
         self.raise_error = raise_error
         self.errors = 0
         """Failures inside the tracer's handlers (logged and counted, never raised into the crew)."""
-        self._records = http_records(records, api_key) if isinstance(records, str) else records
+        self._records = records
         self._api_key = api_key
         self._agents = {str(agent.id) for agent in crew.agents} if crew is not None else None
         self._flush_timeout = flush_timeout
@@ -129,16 +129,15 @@ class CrewTracer:
             trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
             trajectory.log(f"the crew raised {type(error).__name__}: {error}")
         calls = list(self._calls.values())
-        failed = sum(join_records([c], self._source(c)) for c in calls)
+        failed = join_each(calls, self._source)
         if failed:
             trajectory.metrics["record_lookup_errors"] = failed
         build_trajectory(calls, self._tools.values(), trajectory=trajectory)
         return trajectory.finish()
 
     def _source(self, call: Call) -> RecordSource | None:
-        if self._records is not None or call.endpoint is None:
-            return self._records
-        return http_records(call.endpoint, self._api_key)
+        records = self._records if self._records is not None else call.endpoint
+        return gateway_records(records, self._api_key) if isinstance(records, str) else records
 
     # Handlers (run on CrewAI's thread pool) ------------------------------------------------------
 

@@ -13,9 +13,10 @@ tool call and error is captured. When the run ends, each call is joined to the g
 by its completion id (``response_metadata["id"]``), so its model turn carries the exact prompt
 and completion token ids and logprobs. Conversations that diverge from the main one (a
 sub-graph or sub-agent with its own messages) become ``trajectory.additional_histories``.
-langchain-openai drops the completion id of token-streamed calls (``stream_mode="messages"``):
-those keep their messages only, flagged in ``metrics["calls_without_tokens"]``, unless the
-model is made with ``disable_streaming=True``.
+Token-streamed calls (``streaming=True``, ``stream_mode="messages"``) are joined too: langchain-openai
+drops the chunks' ``id``, but the gateway also puts it in each delta, which langchain-openai
+makes the message id. Streamed from an endpoint without the gateway, they keep their messages
+only, flagged in ``metrics["calls_without_tokens"]``.
 
 One tracer can watch many runs at once (``invoke``/``ainvoke``/``stream``/``astream``, threads
 or tasks); each root run gives one trajectory (:attr:`TrajectoryTracer.trajectories`,
@@ -40,8 +41,8 @@ from ._capture import (
     RecordSource,
     ToolRun,
     build_trajectory,
-    http_records,
-    join_records,
+    gateway_records,
+    join_each,
     logger,
 )
 
@@ -76,6 +77,14 @@ def _guarded(method: F) -> F:
     return cast(F, wrapper)
 
 
+def _streamed_id(message_id: str | None) -> str | None:
+    """The completion id of a token-streamed reply: the gateway puts it in each delta, which
+    langchain-openai makes the message id (LangChain's own ids start with ``lc_`` or ``run-``)."""
+    if message_id is None or message_id.startswith(("lc_", "run-")):
+        return None
+    return message_id
+
+
 @dataclass
 class _Run:
     """What one root run captured so far."""
@@ -91,7 +100,8 @@ class TrajectoryTracer(BaseCallbackHandler):
 
     ``records`` is where completion records are read: the gateway's ``RecordLog`` (in process),
     a gateway URL, or None to ask the gateway each chat model points at (its ``base_url``).
-    ``api_key`` authenticates those reads against ``journeyman serve``.
+    A gateway URL whose gateway runs in this process is read directly, without HTTP.
+    ``api_key`` authenticates HTTP reads against ``journeyman serve``.
     """
 
     run_inline = True  # cheap handlers: run them in the caller's thread, in event order
@@ -109,7 +119,7 @@ class TrajectoryTracer(BaseCallbackHandler):
         """Failures inside the tracer itself (logged, never raised into the agent by default)."""
         self.trajectories: list[Trajectory] = []
         """Finished trajectories, in the order their runs ended."""
-        self._records = http_records(records, api_key) if isinstance(records, str) else records
+        self._records = records
         self._api_key = api_key
         self._by_run: dict[UUID, Trajectory] = {}
         self._active: dict[UUID, _Run] = {}
@@ -179,7 +189,7 @@ class TrajectoryTracer(BaseCallbackHandler):
             trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
             trajectory.log(f"the run raised {type(error).__name__}: {error}")
         calls = list(run.calls.values())
-        failed = sum(join_records([c], self._source(c)) for c in calls)
+        failed = join_each(calls, self._source)
         if failed:
             trajectory.metrics["record_lookup_errors"] = failed
         build_trajectory(calls, run.tools.values(), trajectory=trajectory)
@@ -189,11 +199,8 @@ class TrajectoryTracer(BaseCallbackHandler):
             self._by_run[run_id] = trajectory
 
     def _source(self, call: Call) -> RecordSource | None:
-        if self._records is not None:
-            return self._records
-        if call.endpoint is None:
-            return None
-        return http_records(call.endpoint, self._api_key)
+        records = self._records if self._records is not None else call.endpoint
+        return gateway_records(records, self._api_key) if isinstance(records, str) else records
 
     # Chains (graph, nodes) ----------------------------------------------------------------------
 
@@ -257,8 +264,10 @@ class TrajectoryTracer(BaseCallbackHandler):
                 message = generation.message
                 reply = convert_to_openai_messages(message)
                 call.reply = reply if isinstance(reply, dict) else None
-                call.completion_id = message.response_metadata.get("id") or (response.llm_output or {}).get(
-                    "id"
+                call.completion_id = (
+                    message.response_metadata.get("id")
+                    or (response.llm_output or {}).get("id")
+                    or _streamed_id(message.id)
                 )
             else:
                 call.reply = {"role": "assistant", "content": generation.text}

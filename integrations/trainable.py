@@ -36,7 +36,7 @@ from journeyman.errors import ConfigError
 from journeyman.model import Model, TrainableModel
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
-from ._capture import Call, RecordSource, build_trajectory, http_records, join_records
+from ._capture import Call, RecordSource, build_trajectory, gateway_records, join_records
 
 __all__ = ["Trainable", "trainable"]
 
@@ -256,8 +256,7 @@ class Trainable(Generic[Scenario]):
         if self._records is not None or not self.trainable:
             return self._records
         assert self.model.inference_base_url is not None  # set by register()
-        self._records = http_records(self.model.inference_base_url, self.model.inference_api_key)
-        return self._records
+        return gateway_records(self.model.inference_base_url, self.model.inference_api_key)
 
     async def __call__(self, scenario: Scenario, /, *args: Any, **kwargs: Any) -> Trajectory:
         return await self._rollout(scenario, args, kwargs, None)

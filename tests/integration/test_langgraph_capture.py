@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
@@ -122,14 +125,32 @@ def check_token_exact(history: jm.History, gateway: GatewayThread, tokenizer: An
 
 
 def _first_tool_run(
-    gateway: GatewayThread, tools: list[Any], tracer: TrajectoryTracer, question: str
+    gateway: GatewayThread,
+    tools: list[Any],
+    tracer: TrajectoryTracer,
+    question: str,
+    make_agent: Callable[[ChatOpenAI, list[Any]], Any] | None = None,
+    streamed: list[Any] | None = None,
 ) -> tuple[dict[str, Any], jm.Trajectory]:
-    """Seeded runs until the model calls a tool (it does in about a third of samples)."""
+    """Seeded runs until the model calls a tool (it does in about a third of samples).
+
+    With ``streamed``, the agent runs with ``stream`` and the message chunks it yields land there.
+    """
+    make_agent = make_agent or (lambda llm, tools: create_react_agent(llm, tools, prompt=_few_shot))
     for seed in range(24):
-        agent = create_react_agent(_llm(gateway, seed), tools, prompt=_few_shot)
+        agent = make_agent(_llm(gateway, seed), tools)
         config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 8}
+        inputs = {"messages": [HumanMessage(question)]}
         try:
-            result = agent.invoke({"messages": [HumanMessage(question)]}, config=config)
+            if streamed is None:
+                result = agent.invoke(inputs, config=config)
+            else:
+                streamed.clear()
+                for mode, data in agent.stream(inputs, config=config, stream_mode=["messages", "values"]):
+                    if mode == "messages":
+                        streamed.append(data[0])
+                    else:
+                        result = data
         except Exception as error:
             result = {"error": error}
         trajectory = tracer.trajectory
@@ -152,6 +173,65 @@ def test_react_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThre
     tool_messages = [m for m in result["messages"] if m.type == "tool"]
     assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
     assert trajectory.metrics["calls_without_tokens"] == 0
+
+
+@wrap_model_call
+def worked_examples(request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+    """Show the model the worked examples (after the system prompt), without adding them to the state."""
+    return handler(request.override(messages=[*FEW_SHOT[1:], *request.messages]))
+
+
+def _langchain_agent(llm: ChatOpenAI, tools: list[Any]) -> Any:
+    return create_agent(llm, tools, system_prompt=FEW_SHOT[0].text, middleware=[worked_examples])
+
+
+def test_create_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThread, tokenizer: Any) -> None:
+    """LangChain 1.x ``create_agent``: the model sees a system prompt and examples from middleware."""
+    tracer = TrajectoryTracer(raise_error=True)
+    result, trajectory = _first_tool_run(
+        gateway, [add, multiply], tracer, "What is 23 plus 19?", make_agent=_langchain_agent
+    )
+    assert tracer.errors == 0 and "error" not in result, result.get("error")
+    check_token_exact(trajectory, gateway, tokenizer)
+    assert trajectory.name == "model"
+    assert {t.function.name for t in trajectory.tools or []} == {"add", "multiply"}
+    # What the model saw: the system prompt and the middleware's examples, then the agent's state.
+    assert [(m.role, m.content or "") for m in trajectory.messages] == [
+        (ROLES[m.type], m.content) for m in [*FEW_SHOT, *result["messages"]]
+    ]
+    assert len(result["messages"]) < len(trajectory.messages)  # the examples never entered the state
+    tool_messages = [m for m in result["messages"] if m.type == "tool"]
+    assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
+    captured = {m.tool_call_id: m.content for m in trajectory.messages if isinstance(m, jm.ToolMessage)}
+    assert all(captured[m.tool_call_id] == m.content for m in tool_messages)
+    assert trajectory.metrics["calls_without_tokens"] == 0
+    assert trajectory.metrics["token_exact_calls"] == trajectory.metrics["llm_calls"] >= 2
+
+
+def test_token_streamed_calls_are_captured_token_exact(gateway: GatewayThread, tokenizer: Any) -> None:
+    """``streaming=True`` under ``stream(stream_mode="messages")``: the caller gets the reply token
+    by token, and each call is still joined to its record (the gateway tags each delta with the id)."""
+
+    def streaming_agent(llm: ChatOpenAI, tools: list[Any]) -> Any:
+        return create_react_agent(llm.model_copy(update={"streaming": True}), tools, prompt=_few_shot)
+
+    tracer, streamed = TrajectoryTracer(raise_error=True), []
+    result, trajectory = _first_tool_run(
+        gateway, [add, multiply], tracer, "What is 23 plus 19?", streaming_agent, streamed
+    )
+    assert tracer.errors == 0 and "error" not in result, result.get("error")
+    check_token_exact(trajectory, gateway, tokenizer)
+    assert trajectory.metrics["calls_without_tokens"] == 0
+    assert [(m.role, m.content or "") for m in trajectory.messages] == [
+        (ROLES[m.type], m.content) for m in _few_shot(result)
+    ]
+    chunks = [m for m in streamed if m.type == "AIMessageChunk" and m.chunk_position != "last"]
+    turns = trajectory.model_turns
+    assert len(chunks) > len(turns) + 2  # streamed token by token
+    assert {m.id for m in chunks} == {t.completion_id for t in turns}
+    for turn in turns:  # the streamed pieces add up to each call's text
+        text = "".join(str(m.content) for m in chunks if m.id == turn.completion_id)
+        assert text == (turn.message.content or "")
 
 
 def test_tool_error_from_a_real_run_is_recorded(gateway: GatewayThread, tokenizer: Any) -> None:

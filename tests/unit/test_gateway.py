@@ -15,7 +15,13 @@ import pytest
 
 from journeyman.backend.gateway import ROLLOUT_HEADER, Gateway, GatewayThread, RecordLog
 from journeyman.backend.router import Router
-from journeyman.records import ChoiceRecord, CompletionRecord
+from journeyman.records import (
+    ChoiceRecord,
+    CompletionRecord,
+    in_process_records,
+    register_in_process,
+    unregister_in_process,
+)
 from tests.scripted_upstream import Reply, ScriptedServer, ScriptedUpstream, serve
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -113,6 +119,8 @@ def test_streamed_parallel_tool_calls_are_assembled(
     relayed = [json.loads(line[5:]) for line in lines[:-1]]
     assert all("token_ids" not in c["choices"][0] and c["choices"][0]["logprobs"] is None for c in relayed)
     assert "prompt_token_ids" not in relayed[0]
+    assert all(c["choices"][0]["delta"]["id"] == "chatcmpl-1" for c in relayed)  # for langchain-openai
+    assert relayed[1]["choices"][0]["delta"]["tool_calls"][0]["id"] == "c1"
     record = gateway.gateway.records.get("chatcmpl-1")
     assert record is not None and record.rollout_id == "r-1" and record.stream
     assert record.prompt_token_ids == [1, 2, 3]
@@ -164,6 +172,11 @@ def test_several_choices_are_recorded_separately(
     assert record is not None and record.rollout_id == "run-7" and record.sampling == {"n": 2}
     assert [(c.index, c.completion_token_ids) for c in record.choices] == [(0, [5, 2]), (1, [6, 7, 2])]
     assert record.model_turn(1).message.content == "bc"
+    listed = httpx.get(f"{gateway.base_url}/records", params={"completion_id": ["cmpl-n", "unknown"]})
+    assert [r["completion_id"] for r in listed.json()["records"]] == ["cmpl-n"]
+    assert httpx.get(f"{gateway.base_url}/records?rollout_id=run-7").json()["records"][0]["choices"]
+    unasked = httpx.get(f"{gateway.base_url}/records")
+    assert unasked.status_code == 400 and "completion_id=" in unasked.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -278,6 +291,23 @@ def test_record_log_is_thread_safe(tmp_path: Path) -> None:
         assert len(log.for_rollout(f"t{k * 100}")) == 100
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 400
     log.close()
+
+
+def test_in_process_registry_matches_loopback_addresses_and_keeps_hosts_apart(tmp_path: Path) -> None:
+    records, other = RecordLog(tmp_path / "a.jsonl"), RecordLog(tmp_path / "b.jsonl")
+    register_in_process("http://0.0.0.0:18765", records)  # a gateway listening on every interface
+    try:
+        for url in ("http://127.0.0.1:18765/v1", "http://localhost:18765", "http://[::1]:18765/r/x/v1"):
+            assert in_process_records(url) is records
+        for url in ("http://10.1.2.3:18765", "http://127.0.0.1:18766", "http://localhost"):
+            assert in_process_records(url) is None
+        unregister_in_process("http://localhost:18765", other)  # not the one registered: kept
+        assert in_process_records("http://127.0.0.1:18765") is records
+    finally:
+        unregister_in_process("http://127.0.0.1:18765", records)
+    assert in_process_records("http://127.0.0.1:18765") is None
+    records.close()
+    other.close()
 
 
 def test_router_resolves_aliases_and_versions(tmp_path: Path) -> None:

@@ -18,12 +18,15 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, create_react_agent
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 import journeyman as jm
 from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.router import Router
-from journeyman.integrations._capture import http_records
+from journeyman.integrations._capture import gateway_records, http_records
 from journeyman.integrations.langgraph import TrajectoryTracer
+from journeyman.records import in_process_records
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
 
@@ -141,25 +144,47 @@ def test_stream_and_astream(scripted: tuple[ScriptedModel, GatewayThread]) -> No
     _check_react(tracer.trajectory, gateway, 3, 4)
 
 
-def test_token_streaming_loses_the_id_and_is_flagged(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
-    """langchain-openai drops the completion id of streamed calls: messages kept, calls flagged."""
+def test_token_streamed_calls_are_token_exact(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
+    """The gateway tags each streamed delta with the completion id; langchain-openai keeps it as
+    the message id (it drops the chunks' own ``id``), so the tracer joins streamed calls too."""
     _, gateway = scripted
+    agent, tracer = _agent(gateway), TrajectoryTracer(raise_error=True)
+    chunks = list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
+    _check_react(tracer.trajectory, gateway, 2, 2)
+    # LangChain ends each call's stream with an empty chunk of its own (chunk_position "last").
+    streamed = [m for m, _ in chunks if m.type == "AIMessageChunk" and m.chunk_position != "last"]
+    assert len(streamed) == 6  # 3 chunks a call, not one message per call
+    assert {m.id for m in streamed} == {t.completion_id for t in tracer.trajectory.model_turns}
+
+    async def run() -> None:
+        async for _ in agent.astream(_question(3, 4), config={"callbacks": [tracer]}, stream_mode="messages"):
+            pass
+
+    asyncio.run(run())
+    _check_react(tracer.trajectory, gateway, 3, 4)
+
+
+def test_token_streamed_calls_to_another_endpoint_are_flagged(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """Without the gateway a streamed reply has only LangChain's own id: messages kept, calls flagged."""
+    _, gateway = scripted
+    direct = gateway.gateway.router.server.base_url
+    llm = ChatOpenAI(model="m", base_url=f"{direct}/v1", api_key="-", temperature=0, max_retries=0)
     tracer = TrajectoryTracer(raise_error=True)
-    chunks = list(
-        _agent(gateway).stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages")
-    )
-    assert chunks
+    agent = create_react_agent(llm, [add])
+    assert list(agent.stream(_question(2, 2), config={"callbacks": [tracer]}, stream_mode="messages"))
     trajectory = tracer.trajectory
     assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
     assert trajectory.metrics["calls_without_tokens"] == 2
-    assert not any(t.is_token_exact for t in trajectory.model_turns)
+    assert not any(t.is_token_exact or t.completion_id for t in trajectory.model_turns)
     assert any("no gateway record" in line for line in trajectory.logs)
 
 
 def test_token_streaming_with_streaming_disabled_stays_token_exact(
     scripted: tuple[ScriptedModel, GatewayThread],
 ) -> None:
-    """The workaround: ``disable_streaming=True`` keeps the id, and messages mode still streams messages."""
+    """``disable_streaming=True``: one response per call, and messages mode streams whole messages."""
     _, gateway = scripted
     llm = ChatOpenAI(
         model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0, disable_streaming=True
@@ -317,6 +342,77 @@ def test_calls_to_another_endpoint_keep_messages_and_are_flagged(
     )
     assert sum("no gateway record" in line for line in trajectory.logs) == 2
     assert http_records(f"{direct}/v1").is_gateway is False
+
+
+class CountingGateway(Gateway):
+    """A gateway that counts the record requests it answers (``old``: without batch lookups)."""
+
+    def __init__(self, *args: Any, old: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.old = old
+        self.record_requests: list[str] = []
+
+    async def get_record(self, request: Request) -> Response:
+        self.record_requests.append("one")
+        return await super().get_record(request)
+
+    async def list_records(self, request: Request) -> Response:
+        self.record_requests.append("many")
+        if self.old:
+            return JSONResponse({"error": {"message": "give ?rollout_id=..."}}, status_code=400)
+        return await super().list_records(request)
+
+
+def _counting_gateway(gateway: GatewayThread, tmp_path: Path, old: bool = False) -> CountingGateway:
+    return CountingGateway(gateway.gateway.router, RecordLog(tmp_path / "counted.jsonl"), old=old)
+
+
+def test_a_gateway_in_this_process_is_read_without_http(
+    scripted: tuple[ScriptedModel, GatewayThread], tmp_path: Path
+) -> None:
+    _, scripted_gateway = scripted
+    counting = _counting_gateway(scripted_gateway, tmp_path)
+    with GatewayThread(counting) as gateway:
+        localhost = gateway.base_url.replace("127.0.0.1", "localhost")
+        assert in_process_records(localhost) is counting.records
+        assert gateway_records(f"{gateway.base_url}/r/run-1/v1") is counting.records
+        for records in (None, f"{localhost}/v1"):  # the model's base_url, or the URL given
+            tracer = TrajectoryTracer(records, raise_error=True)
+            _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
+            _check_react(tracer.trajectory, gateway, 2, 3)
+        assert counting.record_requests == []
+    assert in_process_records(gateway.base_url) is None  # stopped: forgotten
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["batch", "gateway-without-batch"])
+def test_a_gateway_in_another_process_is_read_over_http(
+    scripted: tuple[ScriptedModel, GatewayThread], tmp_path: Path, old: bool
+) -> None:
+    """A gateway this process did not start (served as a plain ASGI app here) is asked over HTTP:
+    one request for the whole run, or one per call from a gateway without batch lookups."""
+    _, scripted_gateway = scripted
+    counting = _counting_gateway(scripted_gateway, tmp_path, old)
+    server = serve(counting.app)
+    try:
+        assert in_process_records(server.base_url) is None
+        assert gateway_records(f"{server.base_url}/v1") is http_records(f"{server.base_url}/v1")
+        tracer = TrajectoryTracer(raise_error=True)
+        llm = ChatOpenAI(
+            model="m", base_url=f"{server.base_url}/v1", api_key="-", temperature=0, max_retries=0
+        )
+        create_react_agent(llm, [add, multiply]).invoke(_question(2, 3), config={"callbacks": [tracer]})
+        trajectory = tracer.trajectory
+        assert counting.record_requests == (["many", "one", "one"] if old else ["many"])
+        assert trajectory.metrics["token_exact_calls"] == 2
+        for turn in trajectory.model_turns:
+            record = counting.records.get(turn.completion_id or "")
+            assert record is not None and turn.completion_token_ids == record.choices[0].completion_token_ids
+            assert (
+                turn.prompt_token_ids == record.prompt_token_ids
+                and turn.logprobs == record.choices[0].logprobs
+            )
+    finally:
+        server.stop()
 
 
 def test_threads_share_one_tracer_and_pop_hands_over(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
