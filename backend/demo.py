@@ -306,7 +306,7 @@ class Demo:
             api_key=model.inference_api_key or "-",
             temperature=temperature,
             max_tokens=self.config.max_tokens,
-            disable_streaming=True,  # token-exact capture
+            disable_streaming=True,  # one response per call: nothing to stream in a batch run
             max_retries=1,
             timeout=600,
             http_async_client=self.http,

@@ -132,7 +132,7 @@ async def main(args: argparse.Namespace) -> None:
             api_key="local",
             temperature=0.7,
             max_tokens=args.max_tokens,
-            disable_streaming=True,  # keeps LangChain calls token-exact
+            disable_streaming=True,  # one response per call: nothing to stream in a batch run
             http_async_client=http,
         )
         agent = make_agent(llm)
