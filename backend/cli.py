@@ -118,7 +118,9 @@ def serve(
 
 @app.command("demo")
 def demo(
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 32,
+    steps: Annotated[
+        int, typer.Option(help="Training steps (the time limit usually ends the run first).")
+    ] = 100,
     max_train_minutes: Annotated[
         float | None, typer.Option(help="Stop training after this many minutes (then evaluate).")
     ] = 30.0,

@@ -214,7 +214,7 @@ async def rollout(
 
 @dataclass(frozen=True)
 class DemoConfig:
-    steps: int = 32
+    steps: int = 100
     """Training steps."""
     max_train_minutes: float | None = 30.0
     """Stop training once this much time went into it (then evaluate as usual)."""
@@ -269,6 +269,11 @@ class Evaluation:
     sampled: dict[str, float] = field(default_factory=dict)
     greedy: dict[str, float] = field(default_factory=dict)
     zero_shot: dict[str, float] = field(default_factory=dict)
+
+
+def _share(value: float | None) -> str:
+    """A rate for the progress line; "-" when the step had no such question."""
+    return "   -" if value is None else f"{value:.2f}"
 
 
 def summarize(groups: Sequence[jm.TrajectoryGroup]) -> dict[str, float]:
@@ -434,7 +439,7 @@ class Demo:
                 )
                 console.print(
                     f"step {result.step:>3}  success {stats.get('success', 0):.2f}  "
-                    f"word {stats.get('success_word', 0):.2f}  valid calls {stats.get('valid_tool_call', 0):.2f}  "
+                    f"word {_share(stats.get('success_word'))}  valid calls {stats.get('valid_tool_call', 0):.2f}  "
                     f"rollouts {rollout_s:.0f} s  train {time.monotonic() - t0 - rollout_s:.0f} s  "
                     f"elapsed {(time.monotonic() - train_started) / 60:.1f} min"
                 )

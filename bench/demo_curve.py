@@ -22,6 +22,13 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _every_few(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[str, Any]]:
+    """About ``shown`` of the steps' rollout rows, evenly spaced, the last one included."""
+    steps = [r for r in rows if r.get("split") == "rollouts"]
+    every = max(1, -(-len(steps) // shown))
+    return [r for i, r in enumerate(steps) if i % every == 0 or i == len(steps) - 1]
+
+
 def section(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     config, before, after = report["config"], report["before"], report["after"]
     evaluation = [
@@ -62,8 +69,7 @@ def section(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     _pct(r.get("rollouts/valid_tool_call")),
                     f"{r['elapsed_s'] / 60:.1f}",
                 )
-                for r in rows
-                if r.get("split") == "rollouts"
+                for r in _every_few(rows)
             ],
         ),
         "",
