@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -180,6 +181,14 @@ def _send(command: tuple[Any, ...]) -> None:
     dist.broadcast_object_list([command], src=0)
 
 
+def _stop_followers() -> None:
+    """At rank 0's exit: tell the followers to stop (they may be gone already, e.g. killed)."""
+    try:
+        _send((_STOP,))
+    except RuntimeError as error:
+        logger.info("the other ranks had stopped already (%s)", str(error).splitlines()[0][:200])
+
+
 class LeaderTrainer(DataParallelTrainer):
     """Rank 0's trainer in ``journeyman serve``: tells the followers what to load and train."""
 
@@ -191,7 +200,7 @@ class LeaderTrainer(DataParallelTrainer):
     def load(self) -> int:
         if self.world_size > 1:
             if not LeaderTrainer._stop_registered:
-                atexit.register(_send, (_STOP,))
+                atexit.register(_stop_followers)
                 LeaderTrainer._stop_registered = True
             options = {
                 "lora": self.lora,
@@ -213,6 +222,8 @@ def follow() -> None:
     rank, size = init_distributed()
     if rank == 0 or size == 1:
         raise ConfigError("follow() runs on ranks other than 0 of a torchrun launch")
+    # Ctrl-C reaches every rank; rank 0 finishes its request, then tells the followers to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     trainers: dict[tuple[str, str, str], DataParallelTrainer] = {}
     while True:
         box: list[Any] = [None]
