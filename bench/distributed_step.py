@@ -1,4 +1,4 @@
-"""Seconds per training step of the embedded model: one process, and two gloo processes under
+"""Seconds per training step of the embedded model, and memory held: one process, and two gloo processes under
 torchrun holding the whole model each (data parallel) or its layers sharded (FSDP).
 
 The cores are split between the processes (one process gets them all), so on a machine with as
@@ -31,13 +31,20 @@ def worker(out: Path, mode: str, threads: int, sequences: int, steps: int) -> No
     store = jm.ModelStore("bench", "t", root=out / f"root{rank}")
     trainer = DataParallelTrainer("smollm2-135m", store, threads=threads, fsdp=mode == "fsdp")
     trainer.load()
+    resident = _resident_mib()
     times = []
     for step in range(steps + 1):  # the first step warms up
         start = time.perf_counter()
         trainer.train_step(groups(sequences, step), TrainConfig(micro_batch_tokens=1024))
         times.append(time.perf_counter() - start)
     if rank == 0:
-        (out / f"{mode}.json").write_text(json.dumps(times[1:]))
+        (out / f"{mode}.json").write_text(json.dumps({"times": times[1:], "resident": resident}))
+
+
+def _resident_mib() -> float:
+    """This process's resident memory (Linux)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
 
 
 def measure(cores: int, sequences: int, steps: int) -> str:
@@ -55,11 +62,19 @@ def measure(cores: int, sequences: int, steps: int) -> str:
                 str(processes), __file__, "--worker", tmp, mode, str(threads), str(sequences), str(steps),
             ]  # fmt: skip
             subprocess.run(command, env={**env, "OMP_NUM_THREADS": str(threads)}, check=True)
-            times = json.loads((Path(tmp) / f"{mode}.json").read_text())
-            rows.append((label, str(processes), str(threads), f"{statistics.median(times):.2f}"))
+            result = json.loads((Path(tmp) / f"{mode}.json").read_text())
+            rows.append(
+                (label, str(processes), str(threads), f"{statistics.median(result['times']):.2f}",
+                 f"{result['resident']:.0f}")
+            )  # fmt: skip
     return (
         f"### Distributed training step ({sequences} sequences x 40+64 tokens, embedded model, "
-        f"{machine()})\n\n" + table(["trainer", "processes", "threads each", "s/step (median)"], rows) + "\n"
+        f"{machine()})\n\n"
+        + table(
+            ["trainer", "processes", "threads each", "s/step (median)", "MiB resident after load (rank 0)"],
+            rows,
+        )
+        + "\n"
     )
 
 

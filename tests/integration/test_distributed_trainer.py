@@ -20,8 +20,11 @@ import journeyman as jm
 from journeyman.config import TrainConfig
 
 CONFIG = TrainConfig(learning_rate=1e-3, micro_batch_tokens=64)
-SECOND = TrainConfig(learning_rate=1e-3, micro_batch_tokens=24, beta=0.04, gradient_checkpointing=True)
-"""Step 2 of the FSDP test: a KL term (a reference pass) and recomputed activations."""
+SECOND = TrainConfig(
+    learning_rate=1e-3, micro_batch_tokens=24, beta=0.04, gradient_checkpointing=True, max_grad_norm=1e-7
+)
+"""Step 2 of the FSDP test: a KL term (a reference pass), recomputed activations, and a clipped
+gradient (the recorded gradients are the clipped ones, so the norm must be the global one)."""
 
 
 def groups(tokenizer: Any) -> list[jm.TrajectoryGroup]:
@@ -276,6 +279,7 @@ def test_fsdp_ranks_take_the_same_steps_as_one_process(tmp_path: Path, model_dir
     ranks, metrics = rank_results(tmp_path, 2)
     assert_same_step(ranks, reference, gradients)
     assert_same_metrics(metrics, expected)
+    assert expected["train/grad_norm"] > 10 * (SECOND.max_grad_norm or 0)  # clipped
     assert sorted(m["test/idle_passes"] for m in metrics) == [0, 1]
 
 
