@@ -13,9 +13,10 @@ for one process: FSDP2's ``fully_shard`` splits each decoder layer (base and LoR
 gradients and optimizer state) across the ranks and gathers a layer only while it runs. The step
 is the same; the engine reduce-scatters the gradients with a SUM. The embeddings, final norm and
 output layer stay whole on every rank (the logprob kernel uses the output weight directly), so
-the adapter must stay inside the decoder layers. Every rank loads the whole base model on the CPU
-before sharding it, and rank 0 gathers the adapter and optimizer state into checkpoints that a
-single process can resume from.
+the adapter must stay inside the decoder layers. Every rank opens the whole base model on the CPU
+(memory-mapped when it is loaded in the file's dtype, else converted in memory) and keeps its
+shards. Rank 0 gathers the adapter and optimizer state into checkpoints that a single process
+can resume from.
 
 Two ways to drive it:
 
@@ -143,6 +144,8 @@ class DataParallelTrainer(Trainer):
             fully_shard(layer, mesh=mesh)
         whole = {p for p in decoder.parameters() if not isinstance(p, DTensor)}
         fully_shard(decoder, mesh=mesh, ignored_params=whole)  # the root: embeddings and norm stay whole
+        for parameter in whole:  # copied off the model file's memory map, which then closes
+            parameter.data = parameter.data.clone()
         for module in decoder.modules():
             if isinstance(module, FSDPModule):
                 # SUM, not the mean: each rank's loss is already weighted by the global batch
