@@ -79,12 +79,18 @@ def serve(
             help="Serve rollouts here; --no-inference only trains and pushes each step to --push-to."
         ),
     ] = True,
+    fsdp: Annotated[
+        bool,
+        typer.Option(help="Under torchrun: shard the base model's layers across the ranks (FSDP2)."),
+    ] = False,
 ) -> None:
     """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
 
     Under ``torchrun --nproc-per-node N -m journeyman.backend serve ...`` the trainer is data
-    parallel: rank 0 serves, the other ranks train their share of each step.
+    parallel: rank 0 serves, the other ranks train their share of each step. With ``--fsdp`` the
+    ranks also split the base model's layers between them, for a model one process cannot hold.
     """
+    import functools
     import os
 
     import uvicorn
@@ -96,6 +102,10 @@ def serve(
 
     check_bind(host, token)
     options: dict[str, Any] = {}
+    if fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise typer.BadParameter(
+            "--fsdp shards across ranks: launch with torchrun --nproc-per-node 2 or more"
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from .distributed import LeaderTrainer, follow, init_distributed
 
@@ -103,7 +113,7 @@ def serve(
         if rank != 0:
             follow()
             return
-        options["trainer_class"] = LeaderTrainer
+        options["trainer_class"] = functools.partial(LeaderTrainer, fsdp=fsdp)
     if tensor_parallel != 1 or data_parallel != 1:
         options["vllm"] = VLLMConfig(
             model="", tensor_parallel_size=tensor_parallel, data_parallel_size=data_parallel

@@ -8,6 +8,16 @@ balanced by tokens). Since each micro-batch's loss is already weighted by its sh
 ``all_reduce(SUM)`` of the LoRA gradients makes it exact, and every rank then clips and steps
 identically. Only rank 0 writes checkpoints and deploys.
 
+``DataParallelTrainer(..., fsdp=True)`` (``journeyman serve --fsdp``) is for a base model too big
+for one process: FSDP2's ``fully_shard`` splits each decoder layer (base and LoRA weights, their
+gradients and optimizer state) across the ranks and gathers a layer only while it runs. The step
+is the same; the engine reduce-scatters the gradients with a SUM. The embeddings, final norm and
+output layer stay whole on every rank (the logprob kernel uses the output weight directly), so
+the adapter must stay inside the decoder layers. Every rank opens the whole base model on the CPU
+(memory-mapped when it is loaded in the file's dtype, else converted in memory) and keeps its
+shards. Rank 0 gathers the adapter and optimizer state into checkpoints that a single process
+can resume from.
+
 Two ways to drive it:
 
 - SPMD: every rank builds a :class:`DataParallelTrainer` and calls ``train_step`` with the same
@@ -19,6 +29,8 @@ Two ways to drive it:
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -32,12 +44,13 @@ from journeyman.errors import ConfigError
 from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
-from .batch import TrainSequence
+from .batch import Row, TrainSequence, pack
 from .trainer import StepResult, Trainer
 
 try:
     import torch
     import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, distribute_tensor
 except ImportError:  # pragma: no cover - trainer.py raised already
     raise
 
@@ -90,9 +103,13 @@ _SUMMED = ("loss", "policy", "kl", "clipped", "entropy", "masked", "known", "mis
 class DataParallelTrainer(Trainer):
     """A :class:`Trainer` whose steps are split across the ranks of the process group."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fsdp: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rank, self.world_size = init_distributed()
+        self.fsdp = fsdp and self.world_size > 1
+        """Shard the decoder layers across the ranks (FSDP2) instead of holding the whole model on each."""
+        if self.fsdp and self.uses_unsloth:
+            raise ConfigError("fsdp=True works with engine='transformers'; Unsloth trains on one GPU")
 
     def load(self) -> int:
         """Rank 0 loads (or creates) the checkpoint; its adapter, optimizer state and step are
@@ -105,7 +122,46 @@ class DataParallelTrainer(Trainer):
             super().load()  # the base model and a LoRA of the right shape; values come from rank 0
         if self.world_size > 1:
             self._broadcast_state()
+        if self.fsdp:
+            self._shard()
         return self.step
+
+    def _shard(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        decoder = self.model.get_base_model().get_decoder()
+        in_layers = {id(p) for p in decoder.layers.parameters()}
+        outside = [name for name, p in self._trainable() if id(p) not in in_layers]
+        if outside:
+            raise ConfigError(
+                f"fsdp=True shards the decoder layers, but {outside[0]} is trained outside them: "
+                "leave the embeddings and output layer out of LoRAConfig.target_modules, or drop fsdp"
+            )
+        held = self.optimizer.state if self.optimizer is not None else {}
+        states = {name: held[p] for name, p in self._trainable() if p in held}
+        mesh = init_device_mesh("cpu", (self.world_size,))  # the transformers engine trains on the CPU
+        for layer in decoder.layers:
+            fully_shard(layer, mesh=mesh)
+        whole = {p for p in decoder.parameters() if not isinstance(p, DTensor)}
+        fully_shard(decoder, mesh=mesh, ignored_params=whole)  # the root: embeddings and norm stay whole
+        for parameter in whole:  # copied off the model file's memory map, which then closes
+            parameter.data = parameter.data.clone()
+        for module in decoder.modules():
+            if isinstance(module, FSDPModule):
+                # SUM, not the mean: each rank's loss is already weighted by the global batch
+                # (and gloo has no pre-multiplied sum).
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        _release_freed_memory()
+        self.optimizer = None  # its parameters were replaced by their shards
+        if states:
+            optimizer = self._optimizer(TrainConfig(learning_rate=self._learning_rate or 1e-5))
+            for name, parameter in self._trainable():
+                if name in states:
+                    optimizer.state[parameter] = {
+                        key: _shard_like(value, parameter) for key, value in states[name].items()
+                    }
 
     def _broadcast_state(self) -> None:
         for _, parameter in self._trainable():
@@ -131,9 +187,14 @@ class DataParallelTrainer(Trainer):
                         }
 
     def _save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
+        tensors = self._checkpoint_tensors()  # under FSDP a collective: every rank gathers
         if self.rank == 0:
-            return super()._save_checkpoint(step, metrics)
+            return self._write_checkpoint(step, metrics, *tensors)
         return self.store.checkpoint_path(step)
+
+    def _checkpoint_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        adapter, optimizer = super()._checkpoint_tensors()
+        return _gathered(adapter), _gathered(optimizer)
 
     def _checkpoint_timed(self, metrics: dict[str, float]) -> Path:
         path = super()._checkpoint_timed(metrics)
@@ -144,17 +205,25 @@ class DataParallelTrainer(Trainer):
     def _local_share(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
         return shard(sequences, self.rank, self.world_size)
 
+    def _micro_batches(
+        self, sequences: list[TrainSequence], config: TrainConfig
+    ) -> list[tuple[list[Row], bool]]:
+        micro_batches = super()._micro_batches(sequences, config)
+        if not self.fsdp:
+            return micro_batches
+        # FSDP gathers and reduces inside every pass: a rank with fewer micro-batches runs the
+        # batch's shortest sequence with a weight of 0 until it has run as many as the others.
+        most = torch.tensor([len(micro_batches)])
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        shortest = min(sequences, key=len)
+        idle = pack([shortest], config.micro_batch_tokens, self._row_cost)[0]
+        return micro_batches + [(idle, False)] * (int(most) - len(micro_batches))
+
     def _synchronise(self, params: list[torch.nn.Parameter], totals: Any) -> None:
         if self.world_size == 1:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # SUM: each rank's gradient is already weighted by the global batch
-        offset = 0
-        for parameter in params:
-            n = parameter.numel()
-            parameter.grad = flat[offset : offset + n].view_as(parameter).clone()
-            offset += n
+        if not self.fsdp:  # FSDP reduced the gradients in the backward pass already
+            self._all_reduce_gradients(params)
         device = params[0].device if params else torch.device("cpu")
         sums = torch.tensor(
             [float(getattr(totals, key)) for key in _SUMMED], dtype=torch.float64, device=device
@@ -166,10 +235,40 @@ class DataParallelTrainer(Trainer):
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         totals.max_ratio = float(largest)
 
+    def _all_reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # SUM: each rank's gradient is already weighted by the global batch
+        offset = 0
+        for parameter in params:
+            n = parameter.numel()
+            parameter.grad = flat[offset : offset + n].view_as(parameter).clone()
+            offset += n
+
     async def train(self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None) -> StepResult:
         if self.rank != 0:
             raise ConfigError("only rank 0 calls train(); the other ranks call train_step or follow()")
         return await super().train(groups, config)
+
+
+def _release_freed_memory() -> None:
+    """Give the memory of the whole layers, now freed, back to the OS: glibc keeps it otherwise
+    (measured on the embedded model in fp32: 1191 MiB resident per rank before, 784 after, and
+    985 without FSDP)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _gathered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors from FSDP's shards (a collective, in the same order on every rank)."""
+    return {key: t.full_tensor() if isinstance(t, DTensor) else t for key, t in tensors.items()}
+
+
+def _shard_like(value: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a whole optimizer state tensor (every rank holds the whole one)."""
+    if isinstance(parameter, DTensor) and value.shape == parameter.shape:
+        return distribute_tensor(value, parameter.device_mesh, parameter.placements, src_data_rank=None)
+    return value
 
 
 # journeyman serve under torchrun: rank 0 leads, the others follow ----------------------------
@@ -207,6 +306,7 @@ class LeaderTrainer(DataParallelTrainer):
                 "precision": self.precision,
                 "threads": self.threads,
                 "seed": self.seed,
+                "fsdp": self.fsdp,
             }
             _send((_LOAD, self._key(), str(self.base_model), options))
         return super().load()

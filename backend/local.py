@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ class LocalBackend:
         gateway_thread: bool = True,
         watch_interval: float = 2.0,
         push_to: AdapterPush | None = None,
-        trainer_class: type[Trainer] = Trainer,
+        trainer_class: Callable[..., Trainer] = Trainer,
         merge_adapters: bool | None = None,
         replicas: int = 1,
         inference: bool = True,

@@ -224,18 +224,32 @@ class Trainer:
         return self.optimizer
 
     def _save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
+        return self._write_checkpoint(step, metrics, *self._checkpoint_tensors())
+
+    def _checkpoint_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The adapter's weights and the optimizer state, by parameter name."""
+        adapter = {name: p.detach() for name, p in self._trainable()}
+        optimizer: dict[str, torch.Tensor] = {}
+        if self.optimizer is not None:
+            index = {id(p): name for name, p in self._trainable()}
+            for parameter, state in self.optimizer.state.items():
+                for key, value in state.items():
+                    optimizer[f"{index[id(parameter)]}/{key}"] = torch.as_tensor(value).detach().clone()
+        return adapter, optimizer
+
+    def _write_checkpoint(
+        self,
+        step: int,
+        metrics: dict[str, float] | None,
+        adapter: dict[str, torch.Tensor],
+        optimizer: dict[str, torch.Tensor],
+    ) -> Path:
         from safetensors.torch import save_file
 
         with self.store.write_checkpoint(step) as folder:
-            self.model.save_pretrained(folder / ADAPTER)
-            tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
-            if self.optimizer is not None:
-                index = {id(p): name for name, p in self._trainable()}
-                for parameter, state in self.optimizer.state.items():
-                    for key, value in state.items():
-                        tensors[f"{index[id(parameter)]}/{key}"] = (
-                            torch.as_tensor(value).detach().clone().contiguous()
-                        )
+            self.model.save_pretrained(folder / ADAPTER, state_dict=adapter)
+            tensors = {"rng/torch": torch.get_rng_state()}
+            tensors |= {key: value.contiguous() for key, value in optimizer.items()}
             save_file(tensors, str(folder / OPTIMIZER))
             state = {
                 "step": step,
@@ -325,8 +339,8 @@ class Trainer:
             self.model.enable_input_require_grads()
         totals = _Totals(sequences)
         start = time.perf_counter()
-        for rows in pack(self._local_share(sequences), config.micro_batch_tokens, self._row_cost):
-            self._forward_backward(rows, advantage, config, totals)
+        for rows, trains in self._micro_batches(sequences, config):
+            self._forward_backward(rows, advantage, config, totals, trains)
         timings["time/forward_backward"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -345,6 +359,14 @@ class Trainer:
         metrics["train/learning_rate"] = config.learning_rate
         metrics.update(timings)
         return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+
+    def _micro_batches(
+        self, sequences: list[TrainSequence], config: TrainConfig
+    ) -> list[tuple[list[Row], bool]]:
+        """This process's packed micro-batches, each with whether it trains: data parallel trains a
+        share, and under FSDP adds passes that train nothing so that every rank runs as many."""
+        rows = pack(self._local_share(sequences), config.micro_batch_tokens, self._row_cost)
+        return [(micro_batch, True) for micro_batch in rows]
 
     def _local_share(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
         """The sequences this process trains on (all of them; data parallel trains a share)."""
@@ -374,7 +396,12 @@ class Trainer:
         return tokens * (2 * self._parameters + attention * tokens)
 
     def _forward_backward(
-        self, rows: list[Row], advantage: torch.Tensor, config: TrainConfig, totals: _Totals
+        self,
+        rows: list[Row],
+        advantage: torch.Tensor,
+        config: TrainConfig,
+        totals: _Totals,
+        trains: bool = True,
     ) -> None:
         inputs = _packed_inputs(rows, self.tokenizer.pad_token_id or 0)
         micro_batch = [s for row in rows for s in row.sequences]
@@ -402,9 +429,10 @@ class Trainer:
         )
         # The loss is a mean over the micro-batch; weight it by the micro-batch's share of the
         # whole batch's denominator so the accumulated gradient is the full batch's gradient.
-        weight = totals.share(mask, LOSSES[config.loss].aggregation)
+        weight = totals.share(mask, LOSSES[config.loss].aggregation) if trains else 0.0
         (parts.loss * weight).backward()
-        totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
+        if trains:
+            totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
 
     def _token_logprobs(
         self,

@@ -22,6 +22,7 @@ SCRIPTS = [
     "train_throughput",
     "shared_prefix",
     "rl_step",
+    "distributed_step",
     "tracer_overhead",
     "load",
     "demo_curve",

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import journeyman as jm
@@ -70,3 +71,12 @@ def test_trajectories_show_prints_the_conversation(tmp_path: Path) -> None:
         app, ["trajectories", "show", "demo", "agent", "--split", "val", "--root", str(tmp_path)]
     )
     assert missing.exit_code != 0
+
+
+def test_serve_fsdp_outside_torchrun_says_how_to_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    result = runner.invoke(app, ["serve", "--fsdp", "--root", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "torchrun" in result.output
