@@ -87,15 +87,19 @@ def evaluate(model: Any, tokenizer: Any, texts: list[str], scenarios: list[Any],
     import torch
 
     torch.manual_seed(0)
+    tokenizer.padding_side = "left"
     hits = []
-    for text, s in zip(texts, scenarios, strict=True):
-        inputs = tokenizer([text] * samples, return_tensors="pt")
+    for start in range(0, len(texts), 8):  # 8 questions x 4 samples per generate call
+        chunk = list(zip(texts[start : start + 8], scenarios[start : start + 8], strict=True))
+        inputs = tokenizer([t for t, _ in chunk for _ in range(samples)], return_tensors="pt", padding=True)
         with torch.no_grad():
             out = model.generate(
                 **inputs, do_sample=True, temperature=TEMPERATURE, max_new_tokens=MAX_TOKENS,
                 pad_token_id=tokenizer.eos_token_id,
             )  # fmt: skip
-        for row in out[:, inputs["input_ids"].shape[1] :]:
+        rows = out[:, inputs["input_ids"].shape[1] :]
+        for i, row in enumerate(rows):
+            s = chunk[i // samples][1]
             hits.append(right_call(tokenizer.decode(row, skip_special_tokens=False), s.op, s.a, s.b))
     return sum(hits) / len(hits)
 
@@ -155,6 +159,9 @@ def main() -> None:
     parser.add_argument("--journeyman-run", type=Path, required=True, help="a finished demo's model folder")
     parser.add_argument("--minutes", type=float, default=15.0, help="TRL's wall-clock training budget")
     parser.add_argument("--out", type=Path, default=Path("/tmp/journeyman-trl-curve"))
+    parser.add_argument(
+        "--val-questions", type=int, default=None, help="fewer held-out questions (smoke runs)"
+    )
     args = parser.parse_args()
 
     import matplotlib
@@ -176,13 +183,23 @@ def main() -> None:
     model_dir = prepare_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train = make_scenarios(config["train_scenarios"], seed=config["seed"])
-    val = make_scenarios(config["val_scenarios"], seed=config["seed"] + 10_000)  # as the demo
+    val = make_scenarios(config["val_scenarios"], seed=config["seed"] + 10_000)[
+        : args.val_questions
+    ]  # as the demo
     curve = train_trl(args.minutes, args.out, prompts(tokenizer, model_dir, train), train, model_dir)
 
     val_texts = prompts(tokenizer, model_dir, val)
     scores = {}
     store = ModelStore(run.parent.name, run.name, root=run.parent.parent)
-    ours = store.checkpoint_path(max(store.checkpoint_steps())) / "adapter"
+    rows = store.read_history()
+    trl_minutes = curve[-1][0] if curve else 0.0
+    # journeyman's adapter after as many minutes of training as TRL had: the demo's rollout row
+    # of version k carries the minutes at the end of training step k + 1
+    done = [
+        r["step"] + 1 for r in rows if r.get("split") == "rollouts" and r["elapsed_s"] <= trl_minutes * 60
+    ]
+    our_step = max([s for s in store.checkpoint_steps() if s <= max(done, default=0)], default=0)
+    ours = store.checkpoint_path(our_step) / "adapter"
     for label, adapter in [
         ("base model", None),
         ("TRL GRPOTrainer", args.out / "adapter"),
@@ -194,7 +211,6 @@ def main() -> None:
         scores[label] = evaluate(model.eval(), tokenizer, val_texts, val)
         print(f"{label}: {scores[label]:.1%} right first calls", flush=True)
 
-    rows = store.read_history()
     ours_curve = [
         (r["elapsed_s"] / 60, r["rollouts/right_tool_call"])
         for r in rows
@@ -213,7 +229,6 @@ def main() -> None:
     figure.tight_layout()
     figure.savefig(PNG, dpi=120)
 
-    trl_minutes = curve[-1][0] if curve else 0.0
     print(
         f"### Learning per minute: the demo vs TRL GRPOTrainer on the single-turn form ({machine()})\n\n"
         + table(
@@ -222,9 +237,9 @@ def main() -> None:
                 ("base model", "-", "-", f"{scores['base model']:.0%}"),
                 ("TRL GRPOTrainer", f"{trl_minutes:.1f}", len(curve), f"{scores['TRL GRPOTrainer']:.0%}"),
                 (
-                    "journeyman demo",
-                    f"{report['train_minutes']:.1f}",
-                    report["after"]["step"],
+                    "journeyman demo, same minutes",
+                    f"<= {trl_minutes:.1f}",
+                    our_step,
                     f"{scores['journeyman demo']:.0%}",
                 ),
             ],
