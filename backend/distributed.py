@@ -29,8 +29,6 @@ Two ways to drive it:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -45,7 +43,7 @@ from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
 from .batch import Row, TrainSequence, pack
-from .trainer import StepResult, Trainer
+from .trainer import StepResult, Trainer, release_memory
 
 try:
     import torch
@@ -153,7 +151,7 @@ class DataParallelTrainer(Trainer):
                 # (and gloo has no pre-multiplied sum).
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
-        _release_freed_memory()
+        release_memory()  # the whole layers' memory, now freed (fp32: 1191 -> 784 MiB per rank)
         self.optimizer = None  # its parameters were replaced by their shards
         if states:
             optimizer = self._optimizer(TrainConfig(learning_rate=self._learning_rate or 1e-5))
@@ -249,14 +247,6 @@ class DataParallelTrainer(Trainer):
         if self.rank != 0:
             raise ConfigError("only rank 0 calls train(); the other ranks call train_step or follow()")
         return await super().train(groups, config)
-
-
-def _release_freed_memory() -> None:
-    """Give the memory of the whole layers, now freed, back to the OS: glibc keeps it otherwise
-    (measured on the embedded model in fp32: 1191 MiB resident per rank before, 784 after, and
-    985 without FSDP)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _gathered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
