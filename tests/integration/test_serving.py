@@ -320,28 +320,38 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
 ) -> None:
     name = "drain-check"
+    tokens = 400  # long enough to still run while the next two versions deploy, on a fast machine too
     await router.deploy(name, make_adapter(model_dir, tmp_path / "a1", seed=11), 1)
     stream = await _client(gateway).chat.completions.create(
         model=name,
         messages=[{"role": "user", "content": "Count to one hundred."}],
-        max_tokens=160,
+        max_tokens=tokens,
         temperature=0,
         stream=True,
-        extra_body={"min_tokens": 160, "ignore_eos": True},
+        extra_body={"min_tokens": tokens, "ignore_eos": True},
     )
     first = await stream.__anext__()  # the request is running on name@1
     assert router.in_flight(f"{name}@1") == 1
+    reader = asyncio.create_task(_rest(stream))  # read on, so the stream never waits for us
     await router.deploy(name, make_adapter(model_dir, tmp_path / "a2", seed=12), 2)
     third = asyncio.create_task(router.deploy(name, make_adapter(model_dir, tmp_path / "a3", seed=13), 3))
-    await asyncio.sleep(1.0)
-    assert not third.done()  # unloading name@1 waits for the running request
-    assert router.resolve(name) == (f"{name}@3", 3)  # while new requests already get the new version
-    chunks = [first] + [chunk async for chunk in stream]
+    new_version_while_running = False
+    while router.in_flight(f"{name}@1"):  # it can only fall: nothing new asks for name@1
+        # No await between the check and here, so `third` cannot have moved on in between.
+        assert not third.done(), "name@1 was unloaded while a request was still running on it"
+        new_version_while_running |= router.resolve(name) == (f"{name}@3", 3)
+        await asyncio.sleep(0.05)
+    assert new_version_while_running, "the request ended before version 3 was up; make it longer"
+    chunks = [first] + await reader
     assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
     await asyncio.wait_for(third, 60)
     assert [served for _, served, _ in router.deployments[name].loaded] == [f"{name}@2", f"{name}@3"]
     record = _record(gateway, first.id)
-    assert record.served_model == f"{name}@1" and len(record.choices[0].completion_token_ids or []) == 160
+    assert record.served_model == f"{name}@1" and len(record.choices[0].completion_token_ids or []) == tokens
+
+
+async def _rest(stream: Any) -> list[Any]:
+    return [chunk async for chunk in stream]
 
 
 async def test_adapter_logprobs_match_transformers_with_the_same_adapter(

@@ -139,7 +139,9 @@ def test_merged_router_holds_requests_while_it_reloads(tmp_path: Path) -> None:
         served, version = await router.admit("agent")
         assert (served, version) == ("base", 0)
         deploy = asyncio.create_task(router.deploy("agent", tmp_path / "adapter", 1))
-        await asyncio.sleep(0.1)
+        while not router._reloading:  # merged, now waiting for the running request
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
         assert server.reloads == []
         admitted = asyncio.create_task(router.admit("agent"))  # arrives while the deploy waits
         await asyncio.sleep(0.05)
