@@ -153,13 +153,16 @@ async def test_bad_requests_to_the_real_server_are_recorded_failures(
         await jm.gather_trajectory_groups([jm.TrajectoryGroup([ask("word " * 5000)])], progress=False)
 
 
-async def _rollout(model: jm.TrainableModel, backend: LocalBackend, max_tokens: int) -> jm.Trajectory:
+async def _rollout(
+    model: jm.TrainableModel, backend: LocalBackend, max_tokens: int, *, at_least: int = 0
+) -> jm.Trajectory:
     messages = [{"role": "user", "content": "What is 3+4? Answer with a number."}]
     response = await model.openai_client().chat.completions.create(
         model=model.inference_name,
         messages=messages,
         max_tokens=max_tokens,
         temperature=1.0,  # type: ignore[arg-type]
+        extra_body={"min_tokens": at_least},
     )
     assert backend.records is not None
     record = backend.records.get(response.id)
@@ -201,7 +204,11 @@ async def test_vllm_killed_mid_gather_fails_rollouts_as_data_then_restarts_with_
     start = time.monotonic()
     broken = await asyncio.wait_for(  # never a hang
         jm.gather_trajectory_groups(
-            [jm.TrajectoryGroup(_rollout(model, backend, 64) for _ in range(4)) for _ in range(2)],
+            # long enough to still be running when vLLM is killed, on a fast machine too
+            [
+                jm.TrajectoryGroup(_rollout(model, backend, 400, at_least=400) for _ in range(4))
+                for _ in range(2)
+            ],
             max_exceptions=8,
             progress=False,
         ),
