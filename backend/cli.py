@@ -152,8 +152,20 @@ def demo(
         float, typer.Option(help="Reward for the right tool call when the answer is wrong.")
     ] = 0.0,
     judge: Annotated[
-        str, typer.Option(help="none, or ruler: the local base model judges each group.")
+        str, typer.Option(help="none, or ruler: an LLM judge ranks each group and its score is the reward.")
     ] = "none",
+    judge_model: Annotated[
+        str | None, typer.Option(help="The judge's model (default: the embedded base model, served locally).")
+    ] = None,
+    judge_base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="OpenAI-compatible endpoint of the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."
+        ),
+    ] = None,
+    reward_weight: Annotated[
+        float, typer.Option(help="With a judge: reward = judge score + this x the programmatic reward.")
+    ] = 0.0,
     langfuse: Annotated[
         bool, typer.Option(help="Export every trajectory to Langfuse (LANGFUSE_* keys).")
     ] = False,
@@ -175,7 +187,8 @@ def demo(
         steps=steps, max_train_minutes=max_train_minutes, scenarios_per_step=scenarios_per_step, group_size=group_size,
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
-        rank=rank, shaping=shaping, judge=judge, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
+        rank=rank, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
+        reward_weight=reward_weight, langfuse=langfuse, zero_shot_eval=zero_shot_eval,
         seed=seed, merge_adapters=merge_adapters, name=name, root=root,
     )  # fmt: skip
     run_demo(config)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import os
 import random
 import re
 import statistics
@@ -231,7 +233,15 @@ class DemoConfig:
     rank: int = 8
     shaping: float = 0.0
     judge: Literal["none", "ruler"] = "none"
+    """``ruler``: an LLM judge ranks each training group, and its score is the reward."""
+    judge_model: str | None = None
+    """The judge's model name (default: the embedded base model, on the demo's own vLLM server)."""
+    judge_base_url: str | None = None
+    """An OpenAI-compatible endpoint for the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."""
+    reward_weight: float = 0.0
+    """With a judge: reward = judge score + reward_weight x the programmatic reward (1 right, 0 wrong)."""
     langfuse: bool = False
+    """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
     seed: int = 0
     merge_adapters: bool = True
     """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU)."""
@@ -255,6 +265,11 @@ class DemoConfig:
             (self.temperature >= 0 and self.learning_rate > 0, "temperature must be >= 0 and learning_rate > 0"),
             (self.loss in ("grpo", "dr_grpo", "dapo", "gspo", "cispo"), f"unknown loss {self.loss!r}: grpo, dr_grpo, dapo, gspo or cispo"),
             (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),
+            (self.reward_weight >= 0, "reward_weight must be >= 0"),
+            (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
+             "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
+            (self.judge_base_url is None or self.judge_model is not None,
+             "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -284,6 +299,9 @@ def summarize(groups: Sequence[jm.TrajectoryGroup]) -> dict[str, float]:
         return row
     for key in ("success", "tool_call", "valid_tool_call", "right_tool_call"):
         row[key] = statistics.fmean(t.metrics.get(key, 0.0) for t in trajectories)
+    judged = [t.metrics["ruler_score"] for t in trajectories if "ruler_score" in t.metrics]
+    if judged:
+        row["ruler_score"] = statistics.fmean(judged)
     for kind in ("word", "arithmetic"):
         chosen = [t.metrics.get("success", 0.0) for t in trajectories if t.metadata.get("kind") == kind]
         if chosen:
@@ -317,6 +335,16 @@ class Demo:
             http_async_client=self.http,
         )
 
+    def _judge(self, model: jm.TrainableModel, backend: Any) -> jm.Judge:
+        c = self.config
+        if c.judge_base_url is None:  # the base model on the demo's own server, through the gateway
+            base = backend.router.base_name
+            return jm.Judge(
+                c.judge_model or base, base_url=model.inference_base_url, api_key=model.inference_api_key
+            )
+        key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
+
     async def _groups(
         self, agent: Any, scenarios: Sequence[Scenario], n: int, description: str, *, after_each: Any = None
     ) -> list[jm.TrajectoryGroup]:
@@ -331,8 +359,7 @@ class Demo:
             after_each=after_each,
             description=description,
             progress=self.config.progress,
-            langfuse=self.config.langfuse,
-        )
+        )  # exported to Langfuse (with split and step) by model.log and model.train
 
     async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
         c = self.config
@@ -348,9 +375,15 @@ class Demo:
             build_agent(self._llm(model, 0.0)), self.val_set, 1, f"eval {label} (greedy)"
         )
         result.sampled, result.greedy = summarize(sampled), summarize(greedy)
-        await model.log(sampled, split="val", metrics={f"val/{k}": v for k, v in result.sampled.items()})
+        export = c.langfuse
         await model.log(
-            greedy, split="val_greedy", metrics={f"val_greedy/{k}": v for k, v in result.greedy.items()}
+            sampled, split="val", metrics={f"val/{k}": v for k, v in result.sampled.items()}, langfuse=export
+        )
+        await model.log(
+            greedy,
+            split="val_greedy",
+            metrics={f"val_greedy/{k}": v for k, v in result.greedy.items()},
+            langfuse=export,
         )
         if c.zero_shot_eval:
             agent = build_agent(self._llm(model, 0.0), worked_examples=False)
@@ -360,6 +393,7 @@ class Demo:
                 zero,
                 split="val_zero_shot",
                 metrics={f"val_zero_shot/{k}": v for k, v in result.zero_shot.items()},
+                langfuse=export,
             )
         return result
 
@@ -382,9 +416,17 @@ class Demo:
         console.print(
             f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task -> {model.store.path}"
         )
+        if c.langfuse:  # fail now, not with a warning per export after vLLM started
+            from journeyman.integrations.langfuse import LangfuseExporter
+
+            LangfuseExporter(project=c.project, model=self.name).check()
+        merge = c.merge_adapters
+        if c.judge == "ruler" and c.judge_base_url is None and merge:
+            merge = False  # merged weights replace the base model, and the local judge is the base model
+            console.print("the judge is the local base model: serving adapters with LoRA, not merged")
         console.print("starting vLLM with the embedded model (about a minute on 2 cores) ...")
         async with (
-            LocalBackend(root=c.root, merge_adapters=c.merge_adapters) as backend,
+            LocalBackend(root=c.root, merge_adapters=merge) as backend,
             httpx.AsyncClient(
                 timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
             ) as self.http,
@@ -393,10 +435,11 @@ class Demo:
             self.records = backend.records
             after_each = None
             if c.judge == "ruler":
-                import functools
-
-                judge = jm.Judge("base", base_url=model.inference_base_url, api_key=model.inference_api_key)
-                after_each = functools.partial(jm.ruler_score_group, judge=judge)
+                judge = self._judge(model, backend)
+                after_each = functools.partial(
+                    jm.ruler_score_group, judge=judge, reward_weight=c.reward_weight
+                )
+                console.print(f"judge: RULER with {judge.model} at {judge.base_url}")
             console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
             before = await self.evaluate(model, "before")
             console.print(f"before: {_line(before)}")

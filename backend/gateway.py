@@ -48,7 +48,7 @@ from journeyman.records import (
     unregister_in_process,
 )
 
-from .router import Router
+from .router import ModelUnavailableError, Router
 
 __all__ = ["ROLLOUT_HEADER", "Gateway", "GatewayThread", "RecordLog"]
 
@@ -392,7 +392,10 @@ class Gateway:
             )
 
         requested = body["model"]
-        served, version = await self.router.admit(requested)  # counted in flight from here
+        try:
+            served, version = await self.router.admit(requested)  # counted in flight from here
+        except ModelUnavailableError as error:
+            return _error(404, str(error), "model_not_found")
         wants_logprobs = bool(body.get("logprobs")) or (kind == "completion" and body.get("logprobs") == 0)
         wants_ids = bool(body.get("return_token_ids"))
         upstream = {**body, "model": served, "return_token_ids": True}

@@ -24,16 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journeyman.errors import AdapterError, ConfigError
+from journeyman.errors import AdapterError, BackendError, ConfigError
 from journeyman.store import validate_name
 
 from .fleet import Replicas
 from .merge import merge_adapter
 from .vllm import VLLMServer
 
-__all__ = ["Deployment", "Router"]
+__all__ = ["Deployment", "ModelUnavailableError", "Router"]
 
 logger = logging.getLogger(__name__)
+
+
+class ModelUnavailableError(BackendError):
+    """The requested model name is known but its weights are not served (see ``Router.unavailable``)."""
 
 
 @dataclass
@@ -90,8 +94,23 @@ class Router:
             return requested, int(step)
         return requested, None
 
+    def unavailable(self, requested: str) -> str | None:
+        """Why a request for ``requested`` would get other weights than its name says, else None.
+
+        With merged serving the server's own name answers with the merged weights, which are
+        no longer the base model: asking it would silently get the trained policy.
+        """
+        if self.merged and requested == self.base_name and self._merged_from is not None:
+            owner = next(iter(self.deployments), "a model")
+            return (
+                f"the base model {requested!r} is not served: this server merges {owner}'s adapter into its "
+                f"weights. Ask for {owner!r}, or serve with merge_adapters=False (--no-merge-adapters) to keep "
+                "the base model next to the adapters, e.g. for a local judge"
+            )
+        return None
+
     def served_names(self) -> list[str]:
-        names = [self.base_name]
+        names = [] if self.unavailable(self.base_name) else [self.base_name]
         for deployment in self.deployments.values():
             names += [deployment.name, *(served for _, served, _ in deployment.loaded)]
         return names
@@ -104,6 +123,8 @@ class Router:
         while True:
             with self._in_flight_lock:
                 if not self._reloading:
+                    if problem := self.unavailable(requested):
+                        raise ModelUnavailableError(problem)
                     served, version = self.resolve(requested)
                     self._in_flight[served] += 1
                     return served, version

@@ -122,6 +122,14 @@ class Model(BaseModel):
     async def get_step(self) -> int:
         return 0
 
+    async def _export(
+        self, groups: Sequence[TrajectoryGroup], langfuse: Any, *, split: str, step: int
+    ) -> None:
+        from journeyman.gather import export_groups, langfuse_exporter  # lazy: langfuse is an extra
+
+        exporter = langfuse_exporter(langfuse, project=self.project, model=self.name, split=split)
+        await export_groups(exporter, groups, step=step)
+
     async def log(
         self,
         groups: Sequence[TrajectoryGroup],
@@ -129,9 +137,16 @@ class Model(BaseModel):
         *,
         step: int | None = None,
         metrics: dict[str, float] | None = None,
+        langfuse: Any = False,
     ) -> dict[str, Any]:
-        """Store the groups under ``split`` and append their averaged metrics to the history."""
+        """Store the groups under ``split`` and append their averaged metrics to the history.
+
+        ``langfuse`` (True, a ``langfuse.Langfuse`` client or a ``LangfuseExporter``) also exports
+        them, tagged with this model, its project, ``step`` and ``split``.
+        """
         step = await self.get_step() if step is None else step
+        if langfuse:
+            await self._export(groups, langfuse, split=split, step=step)
         self.store.save_groups(groups, split, step)
         row: dict[str, Any] = {
             "step": step,
@@ -181,10 +196,7 @@ class TrainableModel(Model):
         """
         groups = list(groups)
         if langfuse:
-            from journeyman.gather import export_groups, langfuse_exporter
-
-            exporter = langfuse_exporter(langfuse, project=self.project, model=self.name, split="train")
-            await export_groups(exporter, groups, step=await self.get_step())
+            await self._export(groups, langfuse, split="train", step=await self.get_step())
         return await self.backend.train(self, groups, config or TrainConfig())
 
     async def list_checkpoints(self) -> list[int]:

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from journeyman.errors import InvalidDataError, MissingDependencyError
+from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
 from journeyman.messages import ModelTurn, ToolMessage
 from journeyman.trajectory import History, Trajectory, TrajectoryGroup
 
@@ -79,8 +80,8 @@ def trace_id(trajectory_id: str) -> str:
 class LangfuseExporter:
     """Exports trajectories to one Langfuse project; never raises into a rollout or training step.
 
-    ``client``: a ``langfuse.Langfuse`` (default: ``langfuse.get_client()``, configured from the
-    environment). ``session_id`` defaults to ``project/model``. ``check_connection`` asks the
+    ``client``: a ``langfuse.Langfuse`` (default: the one for ``$LANGFUSE_PUBLIC_KEY``, configured
+    from the environment; else ``langfuse.get_client()``). ``session_id`` defaults to ``project/model``. ``check_connection`` asks the
     server once (``auth_check``, cached 30 s) before exporting, so an unreachable server costs one
     warning instead of silently dropped spans.
     """
@@ -96,7 +97,7 @@ class LangfuseExporter:
         tags: Sequence[str] = (),
         check_connection: bool = True,
     ) -> None:
-        self.client = client if client is not None else get_client()
+        self.client = client if client is not None else default_client()
         self.project, self.model, self.split, self.tags = project, model, split, list(tags)
         self.session_id = session_id or (f"{project}/{model}" if project and model else None)
         self.check_connection = check_connection
@@ -129,6 +130,13 @@ class LangfuseExporter:
             logger.warning("Langfuse export failed: %s: %s", type(error).__name__, error)
             return []
 
+    def check(self) -> None:
+        """Raise :class:`ConfigError` now if Langfuse cannot be reached (before a long run starts,
+        rather than a warning at each export)."""
+        problem = _connection_problem(self.client)
+        if problem is not None:
+            raise ConfigError(f"cannot reach Langfuse: {problem}. {_CHECK_SETTINGS}")
+
     def _export(
         self, trajectories: list[Trajectory], *, group_id: str | None, step: int | None, split: str | None
     ) -> list[str]:
@@ -137,8 +145,7 @@ class LangfuseExporter:
             if problem is not None:
                 raise ConnectionError(
                     f"cannot reach Langfuse: {problem}. {len(trajectories)} "
-                    "trajectories were not exported; rollouts and training go on. Check LANGFUSE_BASE_URL "
-                    "and the keys (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY), or pass a configured client."
+                    f"trajectories were not exported; rollouts and training go on. {_CHECK_SETTINGS}"
                 )
         split = split or self.split
         tags = [
@@ -300,7 +307,7 @@ def import_trajectories(
 ) -> list[Trajectory]:
     """Rebuild trajectories from Langfuse traces: given ids, or found by session, tags (all of them),
     trace name and start-time window. The score named ``reward_score`` becomes the reward."""
-    client = client if client is not None else get_client()
+    client = client if client is not None else default_client()
     if trace_ids is not None:
         ids = list(dict.fromkeys(trace_ids))
     else:
@@ -324,6 +331,21 @@ def import_trajectories(
 
 
 # Export helpers ------------------------------------------------------------------------------
+
+
+_CHECK_SETTINGS = "Check LANGFUSE_BASE_URL and the keys (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY), or pass a configured client."
+
+
+def default_client() -> Langfuse:
+    """The client meant when none is given: the one for ``$LANGFUSE_PUBLIC_KEY`` when it is set
+    (made from the environment), else ``langfuse.get_client()``.
+
+    ``get_client()`` alone is not enough: once a process holds clients for two projects it returns
+    a disabled client, and with one it returns that one, whatever the environment says.
+    """
+    if os.environ.get("LANGFUSE_PUBLIC_KEY"):
+        return Langfuse()  # the SDK keeps one set of resources per public key: this reuses it
+    return get_client()
 
 
 def _connection_problem(client: Langfuse) -> str | None:

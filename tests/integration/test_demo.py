@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.cli import app
+from journeyman.integrations.langfuse import import_trajectories
+from tests.langfuse_server import LangfuseServer, client_for
 
 TINY = ["--steps", "1", "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "2",
         "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--name", "smoke"]  # fmt: skip
@@ -34,3 +38,48 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     assert turns and all(turn.is_token_exact for turn in turns)
     served = {r.get("rollouts/n") for r in store.read_history() if r.get("split") == "rollouts"}
     assert served == {4.0}
+
+
+def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--judge ruler --langfuse``: the local base model judges each training group (so the
+    adapters are served with LoRA, keeping the base model), its scores are the rewards trained
+    on, and every trajectory reaches Langfuse (here the API-compatible test server) with them."""
+    with LangfuseServer(public_key=f"pk-{uuid.uuid4().hex}") as server:
+        for key, value in {"LANGFUSE_PUBLIC_KEY": server.public_key, "LANGFUSE_SECRET_KEY": server.secret_key,
+                           "LANGFUSE_BASE_URL": server.base_url}.items():  # fmt: skip
+            monkeypatch.setenv(key, value)
+        args = [
+            "demo",
+            *TINY,
+            "--judge",
+            "ruler",
+            "--langfuse",
+            "--no-zero-shot-eval",
+            "--root",
+            str(tmp_path),
+        ]
+        result = CliRunner().invoke(app, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "serving adapters with LoRA" in result.output and "judge: RULER with base" in result.output
+        store = jm.ModelStore("demo", "smoke", root=tmp_path)
+        train = store.load_groups("train", 0)
+        judged = [t for g in train for t in g]
+        assert len(judged) + sum(len(g.failures) for g in train) == 4
+        for trajectory in judged:  # the judge's score is the reward; the right answer is kept beside it
+            assert trajectory.reward == trajectory.metrics["ruler_score"]
+            assert 0 <= trajectory.reward <= 1 and "programmatic_reward" in trajectory.metrics
+        assert [g.metrics.get("judge/failed") for g in train] == [0, 0]  # each group judged, validly
+
+        client = client_for(server)
+        try:
+            exported = import_trajectories(client, tags=["split:train"])
+            assert sorted(t.reward for t in exported) == sorted(t.reward for t in judged)
+            for step in (0, 1):  # the held-out evaluations before and after the step
+                evaluated = import_trajectories(client, tags=["split:val", f"step:{step}"])
+                kept = [t for g in store.load_groups("val", step) for t in g]
+                assert sorted(t.id for t in evaluated) == sorted(t.id for t in kept) and kept
+        finally:
+            client.shutdown()
+        assert server.errors == []

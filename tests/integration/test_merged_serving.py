@@ -84,6 +84,9 @@ async def test_a_merged_adapter_answers_like_the_adapter(
     )
     assert difference < 0.06, f"mean |diff| {difference:.4f}"
     assert off > 4 * difference  # the merged adapter answers, not stale base weights or cache
+    with pytest.raises(openai.NotFoundError, match="is not served: this server merges agent"):
+        await client.chat.completions.create(**{**request, "model": "base"})  # the base weights are gone
+    assert [m.id for m in (await client.models.list()).data] == ["agent"]
 
     # Back to the base weights at step 0 (e.g. a reset): the base model answers again.
     await router.deploy("agent", None, 0)

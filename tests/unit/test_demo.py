@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import journeyman as jm
-from journeyman.backend.demo import DemoConfig, Scenario, make_scenarios, plot_demo, score, summarize
+from journeyman.backend.demo import (
+    DemoConfig,
+    Scenario,
+    make_scenarios,
+    plot_demo,
+    run_demo,
+    score,
+    summarize,
+)
+from journeyman.backend.vllm import free_port
 from journeyman.errors import ConfigError
 
 QUESTION = Scenario("What is 347 plus 655?", "add", 347, 655, "arithmetic")
@@ -124,11 +134,32 @@ def test_summarize_splits_word_problems() -> None:
         ("max_train_minutes", 0, "max_train_minutes"),
         ("loss", "ppo", "unknown loss"),
         ("judge", "gpt", "unknown judge"),
+        ("judge_model", "gpt-5", "need judge='ruler'"),
+        ("reward_weight", -1.0, "reward_weight must be >= 0"),
     ],
 )
 def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         DemoConfig(**{field: value})
+
+
+def test_a_remote_judge_needs_its_model_name() -> None:
+    with pytest.raises(ConfigError, match="judge_base_url needs judge_model"):
+        DemoConfig(judge="ruler", judge_base_url="https://api.example.com/v1")
+
+
+def test_langfuse_that_cannot_be_reached_stops_the_demo_before_vllm_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("langfuse")
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-unreachable")
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-unreachable")
+    monkeypatch.setenv("LANGFUSE_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"cannot reach Langfuse: .*LANGFUSE_BASE_URL"):
+        run_demo(DemoConfig(langfuse=True, root=tmp_path, name="unreachable", progress=False))
+    assert time.monotonic() - started < 30  # no vLLM start first (that takes about a minute)
+    assert not (tmp_path / "demo" / "unreachable" / "checkpoints").exists()
 
 
 def test_plot_demo_writes_a_png(tmp_path: Path) -> None:

@@ -270,6 +270,38 @@ async def test_train_exports_its_groups_with_step_split_and_run(
     assert sorted(found, key=lambda t: t.id) == sorted(group.trajectories, key=lambda t: t.id)
 
 
+async def test_log_exports_evaluation_groups_with_their_split_and_step(
+    server: LangfuseServer, client: Langfuse, tmp_path: Any
+) -> None:
+    model = jm.TrainableModel(name="calc-agent", project="demo", base_model="smollm2-135m", root=tmp_path)
+    await model.register(StepBackend())
+    group = sample_group()
+    await model.log([group], split="val", langfuse=client)
+    found = import_trajectories(client, session_id="demo/calc-agent", tags=["step:4", "split:val"])
+    assert sorted(t.id for t in found) == sorted(t.id for t in group.trajectories)
+    assert model.store.load_groups("val", 4)[0].trajectories == group.trajectories  # stored as well
+
+
+def test_langfuse_true_means_the_project_in_the_environment_even_with_other_clients_about(
+    server: LangfuseServer, client: Langfuse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``langfuse.get_client()`` alone returns a disabled client once two projects' clients exist
+    in a process (and with one, that one): ``langfuse=True`` must follow $LANGFUSE_PUBLIC_KEY."""
+    with LangfuseServer(public_key=f"pk-{uuid.uuid4().hex}") as other:
+        other_client = client_for(other)
+        try:
+            for key, value in {"LANGFUSE_PUBLIC_KEY": server.public_key, "LANGFUSE_SECRET_KEY": server.secret_key,
+                               "LANGFUSE_BASE_URL": server.base_url}.items():  # fmt: skip
+                monkeypatch.setenv(key, value)
+            group = sample_group()
+            assert len(jm.gather.langfuse_exporter(True).export_group(group)) == len(group)
+            assert group.failures == [] and other.traces == {}
+            found = import_trajectories(client, trace_ids=[trace_id(t.id) for t in group])
+            assert sorted(t.id for t in found) == sorted(t.id for t in group.trajectories)
+        finally:
+            other_client.shutdown()
+
+
 def test_spans_from_other_instrumentation_are_mapped_like_langfuse_does(server: LangfuseServer) -> None:
     """OTLP JSON from a non-Langfuse tracer: the type comes from the GenAI attributes."""
 

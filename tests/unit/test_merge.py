@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from journeyman.backend.merge import merge_adapter
-from journeyman.backend.router import Router
+from journeyman.backend.router import ModelUnavailableError, Router
 from journeyman.backend.vllm import VLLMConfig, VLLMServer
 from journeyman.errors import AdapterError, ConfigError
 
@@ -154,7 +154,10 @@ def test_merged_router_holds_requests_while_it_reloads(tmp_path: Path) -> None:
         # The request held during the reload is answered by the new version, and says so.
         assert await admitted == ("base", 1)
         assert router.resolve("agent@1") == ("base", 1)
-        assert router.served_names() == ["base", "agent"]
+        # The server's own name now has the trained weights: asking for it would not get the base model.
+        assert router.served_names() == ["agent"]
+        with pytest.raises(ModelUnavailableError, match="merge_adapters=False"):
+            await router.admit("base")
 
         with pytest.raises(ConfigError, match="needs a server of its own"):
             await router.deploy("other", tmp_path / "adapter", 1)
