@@ -320,8 +320,10 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
 ) -> None:
     name = "drain-check"
-    tokens = 400  # long enough to still run while the next two versions deploy, on a fast machine too
-    await router.deploy(name, make_adapter(model_dir, tmp_path / "a1", seed=11), 1)
+    tokens = 1000  # long enough to still run while the next two versions deploy, on a fast machine too
+    # Adapters are made before the request starts: making one blocks the event loop for seconds.
+    a1, a2, a3 = (make_adapter(model_dir, tmp_path / f"a{v}", seed=10 + v) for v in (1, 2, 3))
+    await router.deploy(name, a1, 1)
     stream = await _client(gateway).chat.completions.create(
         model=name,
         messages=[{"role": "user", "content": "Count to one hundred."}],
@@ -333,8 +335,8 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     first = await stream.__anext__()  # the request is running on name@1
     assert router.in_flight(f"{name}@1") == 1
     reader = asyncio.create_task(_rest(stream))  # read on, so the stream never waits for us
-    await router.deploy(name, make_adapter(model_dir, tmp_path / "a2", seed=12), 2)
-    third = asyncio.create_task(router.deploy(name, make_adapter(model_dir, tmp_path / "a3", seed=13), 3))
+    await router.deploy(name, a2, 2)
+    third = asyncio.create_task(router.deploy(name, a3, 3))
     new_version_while_running = False
     while router.in_flight(f"{name}@1"):  # it can only fall: nothing new asks for name@1
         # No await between the check and here, so `third` cannot have moved on in between.
