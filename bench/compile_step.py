@@ -1,0 +1,55 @@
+"""Does torch.compile of the decoder make the CPU LoRA training step faster? (an experiment)
+
+Runs the same steps as bench.train_throughput (bf16, 8 sequences x 40+64 tokens) with the
+decoder's forward left eager, compiled for static shapes, or compiled with dynamic shapes, and
+prints the first step (which pays the compilation) and the median of the rest. Not part of
+`make bench`: the compiled modes spend minutes compiling. Usage:
+`python -m bench.compile_step [eager|static|dynamic ...] [--steps 5]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+import torch
+
+import journeyman as jm
+from bench.common import machine, table
+from bench.train_throughput import COMPLETION, PROMPT, groups, matmul_peak
+from journeyman.backend.trainer import Trainer
+from journeyman.config import TrainConfig
+
+
+def measure(mode: str, steps: int, threads: int = 2, sequences: int = 8) -> tuple[str, ...]:
+    peak = matmul_peak(threads, torch.bfloat16)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            "smollm2-135m", jm.ModelStore("bench", "t", root=tmp), threads=threads, precision="bf16"
+        )
+        trainer.load()
+        if mode != "eager":
+            decoder = trainer.model.get_base_model().get_decoder()
+            decoder.forward = torch.compile(decoder.forward, dynamic=mode == "dynamic")
+        parameters = sum(p.numel() for p in trainer.model.parameters())
+        times = []
+        for step in range(steps + 1):
+            result = trainer.train_step(groups(sequences, step), TrainConfig(micro_batch_tokens=8192))
+            times.append(result.metrics["time/forward_backward"] + result.metrics["time/optimizer"])
+    seconds = statistics.median(times[1:])
+    flops = 4 * parameters * sequences * (PROMPT + COMPLETION) / seconds
+    return (mode, f"{times[0]:.1f}", f"{seconds:.2f}", f"{flops / 1e9:.0f}", f"{100 * flops / peak:.0f}%")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("modes", nargs="*", default=["eager", "static", "dynamic"])
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    rows = [measure(mode, args.steps) for mode in args.modes]
+    print(
+        f"### torch.compile and the training step (8 sequences x {PROMPT}+{COMPLETION} tokens, bf16, "
+        f"2 threads; {machine()})\n\n"
+        + table(["decoder", "first step s", "s/step (median)", "GFLOP/s (4PT)", "of bf16 peak"], rows)
+    )
