@@ -173,6 +173,43 @@ def _assistant_message(raw: dict[str, Any]) -> AssistantMessage:
     )
 
 
+def _calls_as_text(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """Turn tool calls whose arguments are JSON but not an object into text; return them.
+
+    A small model sometimes writes ``"arguments": [3, 4]``. vLLM's tool parsers pass that on,
+    and OpenAI clients that parse arguments raise on it (langchain-openai's ``AIMessage``
+    refuses a list), which would end the agent's run as an error. Returned as text instead, the
+    agent sees an answer without the call, the run ends normally and gets its reward: a wrong
+    call is trained against rather than lost. The tokens the model sampled are unchanged.
+    """
+    message = choice.get("message") or {}
+    invalid: list[tuple[str, str, Any]] = []  # (id, name, arguments parsed)
+    kept: list[dict[str, Any]] = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        name, arguments = function.get("name"), function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
+        except ValueError:  # not JSON at all: clients already handle that (as an invalid call)
+            parsed = {}
+        if isinstance(parsed, dict) or not name:
+            kept.append(call)
+        else:
+            invalid.append((call.get("id") or "", name, parsed))
+    if not invalid:
+        return []
+    written = [json.dumps({"name": name, "arguments": parsed}) for _, name, parsed in invalid]
+    message["content"] = "\n".join([message["content"], *written] if message.get("content") else written)
+    message["tool_calls"] = kept
+    if not kept and choice.get("finish_reason") == "tool_calls":
+        choice["finish_reason"] = "stop"
+    logger.info("returned %d tool call(s) with non-object arguments as text", len(invalid))
+    return [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(parsed)}}
+        for call_id, name, parsed in invalid
+    ]
+
+
 def _chat_logprobs(logprobs: dict[str, Any] | None) -> list[float | None] | None:
     if not logprobs or logprobs.get("content") is None:
         return None
@@ -443,6 +480,7 @@ class Gateway:
             for choice in data.get("choices") or []:
                 if kind == "completion" and choice.get("prompt_token_ids") is not None:
                     record["prompt_token_ids"] = choice["prompt_token_ids"]
+                invalid = _calls_as_text(choice) if kind == "chat" else []
                 choices.append(
                     ChoiceRecord(
                         index=choice.get("index", 0),
@@ -453,6 +491,7 @@ class Gateway:
                             choice.get("logprobs")
                         ),
                         finish_reason=choice.get("finish_reason"),
+                        invalid_tool_calls=invalid or None,
                     )
                 )
             try:

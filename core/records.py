@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from journeyman.messages import AssistantMessage, ModelTurn
+from journeyman.messages import AssistantMessage, ModelTurn, ToolCall
 
 __all__ = [
     "ChoiceRecord",
@@ -56,6 +56,10 @@ class ChoiceRecord(BaseModel):
     completion_token_ids: list[int] | None = None
     logprobs: list[float | None] | None = None
     finish_reason: str | None = None
+    invalid_tool_calls: list[ToolCall] | None = None
+    """Tool calls the model wrote with arguments that are JSON but not an object (``[3, 4]``):
+    the client received them as text in ``message.content`` (OpenAI clients such as
+    langchain-openai raise on them), and they are kept here as the server parsed them."""
 
 
 class CompletionRecord(BaseModel):

@@ -253,6 +253,12 @@ def build_trajectory(
             turn = record.model_turn()
             if record.policy_version is not None:
                 versions.append(record.policy_version)
+            if invalid := record.choices[0].invalid_tool_calls:
+                metrics["invalid_tool_calls"] = metrics.get("invalid_tool_calls", 0) + len(invalid)
+                trajectory.log(
+                    f"model call {number}: {len(invalid)} tool call(s) with arguments that are not a JSON "
+                    f"object were returned as text: {[c.function.arguments for c in invalid]}"
+                )
         else:
             messages, tools = call.messages, call.tools
             turn = _untracked_turn(call)

@@ -319,3 +319,65 @@ def test_router_resolves_aliases_and_versions(tmp_path: Path) -> None:
     assert router.resolve("other@2") == ("other@2", None)
     with pytest.raises(Exception, match="at least 1"):
         Router(ScriptedServer("http://x", log_dir=tmp_path), keep_versions=0)
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_tool_calls_with_non_object_arguments_reach_the_client_as_text(
+    upstream: tuple[ScriptedUpstream, str], gateway: GatewayThread
+) -> None:
+    """What vLLM's hermes parser returns for ``"arguments": [3, 4]`` makes langchain-openai raise
+    inside the agent; through the gateway the agent gets the call as text, and the record keeps it."""
+    from langchain_openai import ChatOpenAI
+
+    script, upstream_url = upstream
+    body = {
+        "id": "cmpl-list",
+        "object": "chat.completion",
+        "model": "base",
+        "prompt_token_ids": [9, 8],
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        _tool_call("c1", "add", "[3, 4]"),
+                        _tool_call("c2", "add", '{"a": 3, "b": 4}'),
+                    ],
+                },
+                "finish_reason": "tool_calls",
+                "token_ids": [5, 6, 7],
+                "logprobs": {"content": [{"token": "x", "logprob": -0.5} for _ in range(3)]},
+            }
+        ],
+    }
+    script.replies.append(Reply(body=json.loads(json.dumps(body))))
+    with pytest.raises(ValueError, match="valid dictionary"):  # what the agent saw without the gateway
+        ChatOpenAI(model="base", base_url=upstream_url + "/v1", api_key="-", max_retries=0).invoke(
+            "add 3 and 4"
+        )
+
+    only_list = json.loads(json.dumps(body))
+    only_list["id"] = "cmpl-only-list"
+    only_list["choices"][0]["message"].update(content="Sure.", tool_calls=[_tool_call("c3", "multiply", "6")])
+    script.replies += [Reply(body=body), Reply(body=only_list)]
+    chat = ChatOpenAI(model="base", base_url=gateway.base_url + "/v1", api_key="-", max_retries=0)
+    both = chat.invoke("add 3 and 4")
+    assert [(c["name"], c["args"]) for c in both.tool_calls] == [("add", {"a": 3, "b": 4})]
+    assert both.content == '{"name": "add", "arguments": [3, 4]}'
+    alone = chat.invoke("multiply")
+    assert alone.tool_calls == [] and alone.content == 'Sure.\n{"name": "multiply", "arguments": 6}'
+    assert alone.response_metadata["finish_reason"] == "stop"
+
+    for completion_id, invalid in [("cmpl-list", [("c1", "[3, 4]")]), ("cmpl-only-list", [("c3", "6")])]:
+        record = gateway.gateway.records.get(completion_id)
+        assert record is not None
+        choice = record.choices[0]
+        assert [(c.id, c.function.arguments) for c in choice.invalid_tool_calls or []] == invalid
+        assert choice.completion_token_ids == [5, 6, 7] and choice.logprobs == [-0.5] * 3  # tokens unchanged
+    record = gateway.gateway.records.get("cmpl-only-list")
+    assert record is not None and record.model_turn().message.content == alone.content

@@ -428,3 +428,30 @@ def test_threads_share_one_tracer_and_pop_hands_over(scripted: tuple[ScriptedMod
         a = int(str(trajectory.messages[0].content).split()[2])
         _check_react(trajectory, gateway, a, 1)
     assert tracer.trajectories == [] and tracer.errors == 0
+
+
+def test_a_tool_call_with_list_arguments_ends_the_run_as_text_and_is_counted(tmp_path: Path) -> None:
+    """The model writes ``add`` with ``[2, 3]``: the agent run ends normally (an answer to score
+    and train against) instead of raising inside langchain-openai, and the trajectory says why."""
+
+    def list_arguments(body: dict[str, Any]) -> dict[str, Any]:
+        call = {"id": "", "type": "function", "function": {"name": "add", "arguments": "[2, 3]"}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    model = ScriptedModel(list_arguments)
+    upstream = serve(model.app())
+    gateway = GatewayThread(
+        Gateway(Router(ScriptedServer(upstream.base_url, log_dir=tmp_path)), RecordLog(tmp_path / "r.jsonl"))
+    ).start()
+    try:
+        tracer = TrajectoryTracer(raise_error=True)
+        result = _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
+    finally:
+        gateway.stop()
+        upstream.stop()
+    assert result["messages"][-1].content == '{"name": "add", "arguments": [2, 3]}'
+    trajectory = tracer.trajectory
+    (turn,) = trajectory.model_turns
+    assert turn.is_token_exact and turn.message.tool_calls is None
+    assert trajectory.metrics["invalid_tool_calls"] == 1 and trajectory.metrics["llm_errors"] == 0
+    assert any("not a JSON object" in line for line in trajectory.logs)
