@@ -238,7 +238,14 @@ def build_trajectory(
     trajectory = trajectory if trajectory is not None else Trajectory()
     histories: list[History] = []
     keys: list[list[tuple[Any, ...]]] = []
-    metrics = {"llm_calls": 0, "token_exact_calls": 0, "calls_without_tokens": 0, "llm_errors": 0}
+    metrics = {
+        "llm_calls": 0,
+        "token_exact_calls": 0,
+        "calls_without_tokens": 0,
+        "llm_errors": 0,
+        "invalid_messages": 0,
+        "invalid_tool_calls": 0,
+    }  # every count present (0 too), so averages over trajectories are rates
     versions: list[int] = []
     for number, call in enumerate(sorted(calls, key=lambda c: c.started)):
         record = call.record
@@ -254,7 +261,7 @@ def build_trajectory(
             if record.policy_version is not None:
                 versions.append(record.policy_version)
             if invalid := record.choices[0].invalid_tool_calls:
-                metrics["invalid_tool_calls"] = metrics.get("invalid_tool_calls", 0) + len(invalid)
+                metrics["invalid_tool_calls"] += len(invalid)
                 trajectory.log(
                     f"model call {number}: {len(invalid)} tool call(s) with arguments that are not a JSON "
                     f"object were returned as text: {[c.function.arguments for c in invalid]}"
@@ -284,7 +291,7 @@ def build_trajectory(
             try:
                 history.add(message)
             except InvalidDataError as error:  # kept out, not fatal: the rest is still worth having
-                metrics["invalid_messages"] = metrics.get("invalid_messages", 0) + 1
+                metrics["invalid_messages"] += 1
                 trajectory.log(f"model call {number}: a message was left out: {error}")
         history.add(turn)
         if history.tools is None and tools:
