@@ -17,9 +17,8 @@ import torch
 
 import journeyman as jm
 from bench.common import machine, table
-from bench.train_throughput import COMPLETION, PROMPT, groups, matmul_peak
+from bench.train_throughput import COMPLETION, PROMPT, matmul_peak, step_seconds
 from journeyman.backend.trainer import Trainer
-from journeyman.config import TrainConfig
 
 
 def measure(mode: str, steps: int, threads: int = 2, sequences: int = 8) -> tuple[str, ...]:
@@ -33,10 +32,7 @@ def measure(mode: str, steps: int, threads: int = 2, sequences: int = 8) -> tupl
             decoder = trainer.model.get_base_model().get_decoder()
             decoder.forward = torch.compile(decoder.forward, dynamic=mode == "dynamic")
         parameters = sum(p.numel() for p in trainer.model.parameters())
-        times = []
-        for step in range(steps + 1):
-            result = trainer.train_step(groups(sequences, step), TrainConfig(micro_batch_tokens=8192))
-            times.append(result.metrics["time/forward_backward"] + result.metrics["time/optimizer"])
+        times = step_seconds(trainer, sequences, steps)
     seconds = statistics.median(times[1:])
     flops = 4 * parameters * sequences * (PROMPT + COMPLETION) / seconds
     return (mode, f"{times[0]:.1f}", f"{seconds:.2f}", f"{flops / 1e9:.0f}", f"{100 * flops / peak:.0f}%")

@@ -46,6 +46,15 @@ def groups(sequences: int, seed: int) -> list[jm.TrajectoryGroup]:
     return [jm.TrajectoryGroup(trajectories)]
 
 
+def step_seconds(trainer: Trainer, sequences: int, steps: int) -> list[float]:
+    """Forward + backward + optimizer seconds of ``steps + 1`` steps (the first one warms up)."""
+    times = []
+    for step in range(steps + 1):
+        result = trainer.train_step(groups(sequences, step), TrainConfig(micro_batch_tokens=8192))
+        times.append(result.metrics["time/forward_backward"] + result.metrics["time/optimizer"])
+    return times
+
+
 def measure(threads: int, sequences: int, steps: int) -> str:
     peak_bf16 = matmul_peak(threads, torch.bfloat16)
     peak_fp32 = matmul_peak(threads, torch.float32)
@@ -57,11 +66,7 @@ def measure(threads: int, sequences: int, steps: int) -> str:
             )
             trainer.load()
             parameters = sum(p.numel() for p in trainer.model.parameters())
-            times = []
-            for step in range(steps + 1):
-                result = trainer.train_step(groups(sequences, step), TrainConfig(micro_batch_tokens=8192))
-                times.append(result.metrics["time/forward_backward"] + result.metrics["time/optimizer"])
-            seconds = statistics.median(times[1:])
+            seconds = statistics.median(step_seconds(trainer, sequences, steps)[1:])
             tokens = sequences * (PROMPT + COMPLETION)
             flops = 4 * parameters * tokens / seconds
             rows.append((precision, f"{seconds:.2f}", f"{tokens / seconds:.0f}", f"{flops / 1e9:.0f}",

@@ -430,7 +430,9 @@ def test_threads_share_one_tracer_and_pop_hands_over(scripted: tuple[ScriptedMod
     assert tracer.trajectories == [] and tracer.errors == 0
 
 
-def test_a_tool_call_with_list_arguments_ends_the_run_as_text_and_is_counted(tmp_path: Path) -> None:
+def test_a_tool_call_with_list_arguments_ends_the_run_as_text_and_is_counted(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
     """The model writes ``add`` with ``[2, 3]``: the agent run ends normally (an answer to score
     and train against) instead of raising inside langchain-openai, and the trajectory says why."""
 
@@ -438,17 +440,10 @@ def test_a_tool_call_with_list_arguments_ends_the_run_as_text_and_is_counted(tmp
         call = {"id": "", "type": "function", "function": {"name": "add", "arguments": "[2, 3]"}}
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
-    model = ScriptedModel(list_arguments)
-    upstream = serve(model.app())
-    gateway = GatewayThread(
-        Gateway(Router(ScriptedServer(upstream.base_url, log_dir=tmp_path)), RecordLog(tmp_path / "r.jsonl"))
-    ).start()
-    try:
-        tracer = TrajectoryTracer(raise_error=True)
-        result = _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
-    finally:
-        gateway.stop()
-        upstream.stop()
+    model, gateway = scripted
+    model.policy = list_arguments
+    tracer = TrajectoryTracer(raise_error=True)
+    result = _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})
     assert result["messages"][-1].content == '{"name": "add", "arguments": [2, 3]}'
     trajectory = tracer.trajectory
     (turn,) = trajectory.model_turns
