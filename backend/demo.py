@@ -250,8 +250,13 @@ class DemoConfig:
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
     root: Path | None = None
     base_model: str = "smollm2-135m"
+    """An embedded alias (``journeyman model list``), a Hugging Face folder or a hub name."""
+    worked_examples: bool | None = None
+    """Train with the four worked examples in the prompt. None: only for SmolLM2, which calls no
+    tool without them; Qwen2.5 calls tools zero-shot (system prompt and tools only)."""
     zero_shot_eval: bool = True
-    """Also evaluate greedily with no worked examples in the prompt (the base model never calls a tool)."""
+    """Also evaluate with no worked examples in the prompt, sampled and greedily (the prompt that
+    is not trained on, when training uses worked examples)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -284,6 +289,17 @@ class Evaluation:
     sampled: dict[str, float] = field(default_factory=dict)
     greedy: dict[str, float] = field(default_factory=dict)
     zero_shot: dict[str, float] = field(default_factory=dict)
+    """Greedy, with no worked examples."""
+    zero_shot_sampled: dict[str, float] = field(default_factory=dict)
+    """At the training temperature, with no worked examples."""
+
+
+_EVALUATION_FIELDS = {
+    "val": "sampled",
+    "val_greedy": "greedy",
+    "val_zero_shot_sampled": "zero_shot_sampled",
+    "val_zero_shot": "zero_shot",
+}
 
 
 def _share(value: float | None) -> str:
@@ -320,6 +336,9 @@ class Demo:
         self.http: httpx.AsyncClient | None = None
         self.records: Any = None
         self.console: Any = None
+        self.worked_examples = (
+            config.worked_examples if config.worked_examples is not None else config.base_model == "smollm2-135m"
+        )
 
     def _llm(self, model: jm.TrainableModel, temperature: float) -> ChatOpenAI:
         assert self.http is not None
@@ -362,39 +381,33 @@ class Demo:
         )  # exported to Langfuse (with split and step) by model.log and model.train
 
     async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
+        """Held-out success at the training temperature and greedily, with worked examples in the
+        prompt, and (``zero_shot_eval``) without them."""
         c = self.config
         step = await model.get_step()
         result = Evaluation(step)
-        sampled = await self._groups(
-            build_agent(self._llm(model, c.temperature)),
-            self.val_set,
-            c.val_samples,
-            f"eval {label} (T={c.temperature})",
-        )
-        greedy = await self._groups(
-            build_agent(self._llm(model, 0.0)), self.val_set, 1, f"eval {label} (greedy)"
-        )
-        result.sampled, result.greedy = summarize(sampled), summarize(greedy)
-        export = c.langfuse
-        await model.log(
-            sampled, split="val", metrics={f"val/{k}": v for k, v in result.sampled.items()}, langfuse=export
-        )
-        await model.log(
-            greedy,
-            split="val_greedy",
-            metrics={f"val_greedy/{k}": v for k, v in result.greedy.items()},
-            langfuse=export,
-        )
-        if c.zero_shot_eval:
-            agent = build_agent(self._llm(model, 0.0), worked_examples=False)
-            zero = await self._groups(agent, self.val_set, 1, f"eval {label} (no examples, greedy)")
-            result.zero_shot = summarize(zero)
-            await model.log(
-                zero,
-                split="val_zero_shot",
-                metrics={f"val_zero_shot/{k}": v for k, v in result.zero_shot.items()},
-                langfuse=export,
+        prompts = [True, False] if c.zero_shot_eval else [self.worked_examples]
+        for shots in prompts:
+            tag = "" if shots else " (no examples)"
+            sampled = await self._groups(
+                build_agent(self._llm(model, c.temperature), worked_examples=shots),
+                self.val_set,
+                c.val_samples,
+                f"eval {label}{tag} (T={c.temperature})",
             )
+            greedy = await self._groups(
+                build_agent(self._llm(model, 0.0), worked_examples=shots),
+                self.val_set,
+                1,
+                f"eval {label}{tag} (greedy)",
+            )
+            splits = ("val", "val_greedy") if shots else ("val_zero_shot_sampled", "val_zero_shot")
+            for groups, split in zip((sampled, greedy), splits, strict=True):
+                row = summarize(groups)
+                setattr(result, _EVALUATION_FIELDS[split], row)
+                await model.log(
+                    groups, split=split, metrics={f"{split}/{k}": v for k, v in row.items()}, langfuse=c.langfuse
+                )
         return result
 
     async def run(self) -> dict[str, Any]:
@@ -414,7 +427,8 @@ class Demo:
         )
         train_config = jm.TrainConfig(learning_rate=c.learning_rate, loss=c.loss, seed=c.seed)
         console.print(
-            f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task -> {model.store.path}"
+            f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task "
+            f"({'with worked examples' if self.worked_examples else 'zero-shot'}) -> {model.store.path}"
         )
         if c.langfuse:  # fail now, not with a warning per export after vLLM started
             from journeyman.integrations.langfuse import LangfuseExporter
@@ -424,7 +438,7 @@ class Demo:
         if c.judge == "ruler" and c.judge_base_url is None and merge:
             merge = False  # merged weights replace the base model, and the local judge is the base model
             console.print("the judge is the local base model: serving adapters with LoRA, not merged")
-        console.print("starting vLLM with the embedded model (about a minute on 2 cores) ...")
+        console.print(f"starting vLLM with {c.base_model} (one to three minutes on 2 cores) ...")
         async with (
             LocalBackend(root=c.root, merge_adapters=merge) as backend,
             httpx.AsyncClient(
@@ -444,7 +458,7 @@ class Demo:
             before = await self.evaluate(model, "before")
             console.print(f"before: {_line(before)}")
             train_started = time.monotonic()
-            agent = build_agent(self._llm(model, c.temperature))
+            agent = build_agent(self._llm(model, c.temperature), worked_examples=self.worked_examples)
             # In the generated order (add, multiply, add, ...): every step sees both operations. Shuffled
             # steps of four questions were sometimes all products, and the next step called multiply for sums.
             for batch in jm.iterate_dataset(
@@ -495,8 +509,14 @@ class Demo:
         summary = (
             f"held-out success {before.sampled.get('success', 0):.0%} -> {after.sampled.get('success', 0):.0%} "
             f"(T={c.temperature}), greedy {before.greedy.get('success', 0):.0%} -> {after.greedy.get('success', 0):.0%}, "
-            f"word problems {before.sampled.get('success_word', 0):.0%} -> {after.sampled.get('success_word', 0):.0%} "
-            f"after {after.step - before.step} steps in {train_minutes:.1f} min of training ({(time.monotonic() - started) / 60:.1f} min in all)"
+            f"word problems {before.sampled.get('success_word', 0):.0%} -> {after.sampled.get('success_word', 0):.0%}, "
+            + (
+                f"no worked examples {before.zero_shot_sampled.get('success', 0):.0%} -> "
+                f"{after.zero_shot_sampled.get('success', 0):.0%} (T={c.temperature}) "
+                if c.zero_shot_eval
+                else ""
+            )
+            + f"after {after.step - before.step} steps in {train_minutes:.1f} min of training ({(time.monotonic() - started) / 60:.1f} min in all)"
         )
         console.print(f"[bold green]{summary}[/bold green]")
         console.print(
@@ -539,6 +559,8 @@ def _table(before: Evaluation, after: Evaluation, temperature: float) -> Any:
         ("right tool and numbers", "sampled", "right_tool_call"),
         ("success, greedy", "greedy", "success"),
         ("  word problems, greedy", "greedy", "success_word"),
+        (f"success with no worked examples, T={temperature}", "zero_shot_sampled", "success"),
+        ("  word problems", "zero_shot_sampled", "success_word"),
         ("calls a tool with no worked examples (greedy)", "zero_shot", "tool_call"),
         ("success with no worked examples (greedy)", "zero_shot", "success"),
         ("rollout failures", "sampled", "failures"),
@@ -567,6 +589,7 @@ def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
         ("val/success", "held-out, sampled", "s"),
         ("val_greedy/success", "held-out, greedy", "^"),
         ("val/success_word", "held-out word problems", "v"),
+        ("val_zero_shot_sampled/success", "held-out, no worked examples, sampled", "D"),
     ]:
         points = [(r["step"], r[key]) for r in rows if key in r]
         if points:

@@ -25,19 +25,40 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     store = jm.ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["before"]["step"] == 0 and report["after"]["step"] == 1
-    for part in ("sampled", "greedy", "zero_shot"):
+    assert report["config"]["base_model"] == "smollm2-135m" and "with worked examples" in result.output
+    for part in ("sampled", "greedy", "zero_shot", "zero_shot_sampled"):
         assert report["after"][part]["n"] == 2 and 0 <= report["after"][part].get("success", 0) <= 1
     assert store.checkpoint_steps()[-1] == 1
     assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"
     # Trajectories on disk: the training groups and each evaluation, captured token-exact.
     train = store.load_groups("train", 0)
     assert len(train) == 2 and all(len(g) + len(g.failures) == 2 for g in train)
-    for split in ("val", "val_greedy", "val_zero_shot"):
+    for split in ("val", "val_greedy", "val_zero_shot", "val_zero_shot_sampled"):
         assert store.steps(split) == [0, 1]
     turns = [turn for g in train for t in g for turn in t.model_turns]
     assert turns and all(turn.is_token_exact for turn in turns)
     served = {r.get("rollouts/n") for r in store.read_history() if r.get("split") == "rollouts"}
     assert served == {4.0}
+
+
+def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
+    """``--model qwen2.5-coder-0.5b``: Qwen calls tools with no worked examples, so it trains on
+    the zero-shot prompt (system prompt and tools only), and both prompts are evaluated."""
+    args = ["demo", *TINY, "--model", "qwen2.5-coder-0.5b", "--root", str(tmp_path)]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "zero-shot" in result.output and "no worked examples" in result.output
+    store = jm.ModelStore("demo", "smoke", root=tmp_path)
+    report = json.loads((store.path / "demo_report.json").read_text())
+    assert report["config"]["base_model"] == "qwen2.5-coder-0.5b" and report["after"]["step"] == 1
+    train = store.load_groups("train", 0)
+    conversations = [t.messages for g in train for t in g]
+    assert conversations and all(len(m) > 1 for m in conversations)
+    for messages in conversations:  # the system prompt, then the question: no worked example
+        assert [m.role for m in messages[:2]] == ["system", "user"]
+    turns = [turn for g in train for t in g for turn in t.model_turns]
+    assert turns and all(turn.is_token_exact for turn in turns)
+    assert report["after"]["zero_shot_sampled"]["n"] == 2 and report["after"]["sampled"]["n"] == 2
 
 
 def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
