@@ -17,6 +17,7 @@ trained token is dropped and counted.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from journeyman.errors import InvalidDataError
 from journeyman.messages import ModelTurn
 from journeyman.trajectory import History, TrajectoryGroup
 
-__all__ = ["Batch", "Row", "TrainSequence", "build_batch", "history_sequences", "pack"]
+__all__ = ["Batch", "Row", "TrainSequence", "build_batch", "history_sequences", "pack", "template_messages"]
 
 
 class Tokenizer(Protocol):
@@ -67,11 +68,36 @@ class Batch:
     """``data/...`` counters: what was skipped, broken, truncated, re-tokenised."""
 
 
+def template_messages(messages: Seq[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as vLLM hands them to a chat template: tool-call ``arguments`` parsed from their
+    JSON string into an object (``{}`` when they are not a JSON object), as Hugging Face templates
+    expect. Qwen's renders ``arguments | tojson``: a string would come out quoted and escaped, and
+    journeyman's tokens would differ from what vLLM served. The input is not changed."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list) and calls:
+            message = {**message, "tool_calls": [_parsed_call(call) for call in calls]}
+        out.append(message)
+    return out
+
+
+def _parsed_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), dict):
+        return call
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
+
+
 def _retokenize(
     tokenizer: Tokenizer, history: History, index: int, turn: ModelTurn
 ) -> tuple[list[int], list[int]]:
     """(prompt ids, completion ids) of a model turn rendered with the chat template."""
-    before = [m.model_dump(exclude_none=True) for m in history.messages[:index]]
+    before = template_messages([m.model_dump(exclude_none=True) for m in history.messages[:index]])
     tools = [t.model_dump(exclude_none=True) for t in history.tools] if history.tools else None
     prompt = list(
         tokenizer.apply_chat_template(
@@ -80,7 +106,7 @@ def _retokenize(
     )
     full = list(
         tokenizer.apply_chat_template(
-            [*before, turn.message.model_dump(exclude_none=True)],
+            [*before, *template_messages([turn.message.model_dump(exclude_none=True)])],
             tools=tools,
             tokenize=True,
             return_dict=True,

@@ -337,7 +337,9 @@ class Demo:
         self.records: Any = None
         self.console: Any = None
         self.worked_examples = (
-            config.worked_examples if config.worked_examples is not None else config.base_model == "smollm2-135m"
+            config.worked_examples
+            if config.worked_examples is not None
+            else config.base_model == "smollm2-135m"
         )
 
     def _llm(self, model: jm.TrainableModel, temperature: float) -> ChatOpenAI:
@@ -406,7 +408,10 @@ class Demo:
                 row = summarize(groups)
                 setattr(result, _EVALUATION_FIELDS[split], row)
                 await model.log(
-                    groups, split=split, metrics={f"{split}/{k}": v for k, v in row.items()}, langfuse=c.langfuse
+                    groups,
+                    split=split,
+                    metrics={f"{split}/{k}": v for k, v in row.items()},
+                    langfuse=c.langfuse,
                 )
         return result
 

@@ -42,8 +42,10 @@ from journeyman.errors import BackendError, StorageError
 from journeyman.messages import AssistantMessage
 from journeyman.records import (
     SAMPLING_KEYS,
+    TOOL_CALL_FORMS,
     ChoiceRecord,
     CompletionRecord,
+    ToolCallForm,
     register_in_process,
     unregister_in_process,
 )
@@ -58,6 +60,10 @@ ROLLOUT_HEADER = "x-journeyman-rollout-id"
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 """Generation can be slow on CPU; connecting should not be."""
 _ROLLOUT_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_FORM_ID = re.compile(r"call_(tagged|bare|fenced)_[0-9a-f]+")
+"""Tool call ids from journeyman's vLLM tool parser (``vllm_plugin/journeyman_tool_parser.py``,
+``tool_call_id``), which name the form the model wrote the call in."""
+_FORMS: dict[str, ToolCallForm] = {form: form for form in TOOL_CALL_FORMS}
 
 
 class RecordLog:
@@ -173,6 +179,15 @@ def _assistant_message(raw: dict[str, Any]) -> AssistantMessage:
     )
 
 
+def _tool_call_forms(calls: list[dict[str, Any]] | None) -> list[ToolCallForm | None] | None:
+    """The form of each call, from its id; None when no id comes from journeyman's parser."""
+    forms = [
+        _FORMS[match.group(1)] if (match := _FORM_ID.fullmatch(str(c.get("id") or ""))) else None
+        for c in calls or []
+    ]
+    return forms if any(form is not None for form in forms) else None
+
+
 def _calls_as_text(choice: dict[str, Any]) -> list[dict[str, Any]]:
     """Turn tool calls whose arguments are JSON but not an object into text; return them.
 
@@ -270,7 +285,7 @@ class _StreamState:
         records = []
         for index, state in sorted(self.choices.items()):
             text = "".join(state["text"])
-            message = None
+            message, forms = None, None
             if kind == "chat":
                 calls = [
                     {
@@ -283,6 +298,7 @@ class _StreamState:
                 message = AssistantMessage(
                     content=text if text or not calls else None, tool_calls=calls or None
                 )
+                forms = _tool_call_forms(calls)
             records.append(
                 ChoiceRecord(
                     index=index,
@@ -291,6 +307,7 @@ class _StreamState:
                     completion_token_ids=state["ids"] or None,
                     logprobs=state["logprobs"] if state["has_lp"] and state["ids"] else None,
                     finish_reason=state["finish"],
+                    tool_call_forms=forms,
                 )
             )
         return records
@@ -480,7 +497,11 @@ class Gateway:
             for choice in data.get("choices") or []:
                 if kind == "completion" and choice.get("prompt_token_ids") is not None:
                     record["prompt_token_ids"] = choice["prompt_token_ids"]
-                invalid = _calls_as_text(choice) if kind == "chat" else []
+                if kind == "chat":  # forms first: _calls_as_text moves calls out of the message
+                    forms = _tool_call_forms((choice.get("message") or {}).get("tool_calls"))
+                    invalid = _calls_as_text(choice)
+                else:
+                    forms, invalid = None, []
                 choices.append(
                     ChoiceRecord(
                         index=choice.get("index", 0),
@@ -492,6 +513,7 @@ class Gateway:
                         ),
                         finish_reason=choice.get("finish_reason"),
                         invalid_tool_calls=invalid or None,
+                        tool_call_forms=forms,
                     )
                 )
             try:

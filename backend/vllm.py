@@ -32,7 +32,7 @@ import httpx
 
 from journeyman.errors import AdapterError, BackendError, ConfigError, ServerStartError
 
-from .models import TOOL_TEMPLATE
+from .families import TOOL_PARSER_PLUGIN, serving_defaults
 from .settings import vllm_python
 
 __all__ = ["VLLMConfig", "VLLMServer", "cuda_available", "free_port"]
@@ -81,10 +81,13 @@ class VLLMConfig:
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
     gpu_memory_utilization: float = 0.5
     """Share of GPU memory vLLM may take on CUDA (the rest is left to the trainer)."""
-    tool_parser: str | None = "hermes"
-    """Tool-call parser for ``--enable-auto-tool-choice``; None disables tool calling."""
+    tool_parser: str | None = "auto"
+    """Tool-call parser for ``--enable-auto-tool-choice``: ``auto`` picks it from the model's chat
+    template (``backend/families.py``; ``journeyman``, our tolerant hermes parser, for ``<tool_call>``
+    templates), a name picks one of vLLM's, None disables tool calling."""
     chat_template: Path | None = None
-    """Chat template file; by default the model folder's tool-aware template when it has one."""
+    """Chat template file; by default the model folder's tool-aware template when it has one, else
+    the tokenizer's own."""
     cpu_cores: str = "auto"
     """CPU only: cores the inference threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``), e.g.
     ``"0"`` or ``"0-3"``. Binding keeps vLLM from fighting the trainer for the same cores."""
@@ -103,7 +106,9 @@ class VLLMConfig:
     data_parallel_size: int = 1
     """Engine copies inside this server, each on its own GPUs (``--data-parallel-size``); for
     replicas on several machines, see ``backend/fleet.py``'s ``Replicas``."""
-    startup_timeout: float = 300.0
+    startup_timeout: float = 900.0
+    """Seconds to wait for /health: a server without LoRA compiles its graphs first (about 3 minutes
+    for a 0.5B model on 2 cores)."""
     extra_args: tuple[str, ...] = ()
     """Further command-line arguments passed to vLLM as they are."""
     env: dict[str, str] = field(default_factory=dict)
@@ -167,11 +172,13 @@ class VLLMServer:
         ]  # fmt: skip
         if self.lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
-        if c.tool_parser:
-            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", c.tool_parser]
-        template = c.chat_template
-        if template is None and Path(str(c.model), TOOL_TEMPLATE).is_file():
-            template = Path(str(c.model), TOOL_TEMPLATE)
+        defaults = serving_defaults(c.model)
+        parser = defaults.tool_parser if c.tool_parser == "auto" else c.tool_parser
+        if parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+            if parser == "journeyman":
+                cmd += ["--tool-parser-plugin", str(TOOL_PARSER_PLUGIN)]
+        template = c.chat_template or defaults.chat_template
         if template is not None:
             cmd += ["--chat-template", str(template)]
         if self.device == "cuda":

@@ -29,9 +29,11 @@ class Stack:
 
 
 @contextlib.contextmanager
-def serving_stack(served_name: str = "base", **config: object) -> Iterator[Stack]:
-    """vLLM with the embedded model, a router and a gateway, stopped on exit."""
-    model_dir = prepare_model("smollm2-135m")
+def serving_stack(
+    served_name: str = "base", *, model: str = "smollm2-135m", **config: object
+) -> Iterator[Stack]:
+    """vLLM with an embedded model, a router and a gateway, stopped on exit."""
+    model_dir = prepare_model(model)
     with tempfile.TemporaryDirectory(prefix="journeyman-bench-") as tmp:
         workdir = Path(tmp)
         server = VLLMServer(

@@ -1,8 +1,9 @@
 """Redeploy latency: a new adapter folder on disk -> the first answer from that version.
 
-Each round deploys a fresh peft adapter as ``bench@<step>`` through the router (vLLM's runtime
-LoRA loading; no restart) and times until a 1-token completion for the plain alias comes back
-served by the new version. Target: <= 1 s.
+Each round deploys a fresh peft adapter through the router and times until a 1-token completion
+for the plain alias comes back served by the new version: as a LoRA adapter ``bench@<step>``
+(vLLM's runtime LoRA loading), or with ``--merged`` merged into the weights and reloaded in place.
+No restart either way. ``--model`` picks the embedded model. Target: <= 1 s.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def make_adapters(model_dir: object, out: object, count: int) -> list[object]:
     return folders
 
 
-async def measure(rounds: int) -> str:
-    with serving_stack(served_name="base", max_lora_rank=8) as stack:
+async def measure(rounds: int, model: str, merged: bool) -> str:
+    with serving_stack(served_name="base", model=model, max_lora_rank=8, merge_adapters=merged) as stack:
         adapters = make_adapters(stack.model_dir, stack.workdir, rounds)
         load, first_answer, total = [], [], []
         async with httpx.AsyncClient(base_url=stack.gateway.base_url, timeout=60) as client:
@@ -48,19 +49,24 @@ async def measure(rounds: int) -> str:
                 )
                 done = time.perf_counter()
                 record = stack.gateway.gateway.records.get(response.json()["id"])
-                assert record is not None and record.served_model == served == f"bench@{step}"
+                assert record is not None and record.served_model == served
+                assert record.policy_version == step and served == ("base" if merged else f"bench@{step}")
                 load.append(loaded - start)
                 first_answer.append(done - loaded)
                 total.append(done - start)
     # The first LoRA request after the server starts pays a one-time warm-up: report it apart.
     rows = [
         ("first deploy after start: folder on disk -> first answer", f"{total[0] * 1000:.2f}", "", ""),
-        ("later deploys: load + switch alias (router.deploy)", *summary(load[1:])),
+        (
+            f"later deploys: {'merge + reload' if merged else 'load'} + switch alias (router.deploy)",
+            *summary(load[1:]),
+        ),
         ("later deploys: first 1-token answer from the new version", *summary(first_answer[1:])),
         ("later deploys: folder on disk -> first answer", *summary(total[1:])),
     ]
     return (
-        f"### Redeploy latency ({rounds} deploys of a rank-8 all-linear adapter; {machine()})\n\n"
+        f"### Redeploy latency, {model}, {'merged into the weights' if merged else 'as a LoRA adapter'} "
+        f"({rounds} deploys of a rank-8 all-linear adapter; {machine()})\n\n"
         + table(["phase", "p50 ms", "p95 ms", "mean ms"], rows)
         + "\n"
     )
@@ -69,4 +75,7 @@ async def measure(rounds: int) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=10)
-    print(asyncio.run(measure(parser.parse_args().rounds)))
+    parser.add_argument("--model", default="smollm2-135m", help="embedded model alias")
+    parser.add_argument("--merged", action="store_true", help="merge each adapter into the weights")
+    args = parser.parse_args()
+    print(asyncio.run(measure(args.rounds, args.model, args.merged)))

@@ -5,7 +5,9 @@ Both sides use TRL's defaults where they overlap: DAPO loss, bf16, gradient chec
 journeyman: rollouts through the gateway to vLLM (bound to its cores), the GRPO LoRA trainer,
 and the new adapter deployed back to vLLM. TRL: GRPOTrainer with HF generate inside the step.
 Each side runs in its own process (so peak memory is its own), 4 steps, the first dropped as
-warm-up. Target: journeyman >= 3x faster; lower peak memory.
+warm-up. Target: journeyman >= 3x faster; lower peak memory. ``--model`` picks the embedded
+model (``qwen2.5-coder-0.5b``: the merged and TRL variants only; its merged server runs eager, as
+compiling the 0.5B's graphs takes minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ GROUP, TOKENS, STEPS = 8, 64, 4
 RANK, ALPHA = 8, 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [f"Write one sentence about the number {n}." for n in range(STEPS)]
+MODEL = os.environ.get("BENCH_MODEL", "smollm2-135m")
 
 
 def reward(text: str) -> float:
@@ -58,7 +61,13 @@ async def ours() -> dict[str, object]:
     merged = os.environ.get("MERGED", "0") == "1"  # each adapter merged into vLLM's weights (no LoRA in vLLM)
     with (
         serving_stack(
-            served_name="base", max_lora_rank=RANK, cpu_cores=cores, reserved_cpus=0, merge_adapters=merged
+            served_name="base",
+            model=MODEL,
+            max_lora_rank=RANK,
+            cpu_cores=cores,
+            reserved_cpus=0,
+            merge_adapters=merged,
+            extra_args=("--enforce-eager",) if MODEL != "smollm2-135m" else (),
         ) as stack,
         tempfile.TemporaryDirectory() as tmp,
     ):
@@ -112,7 +121,7 @@ def trl() -> dict[str, object]:
     from journeyman.backend.models import prepare_model
 
     torch.set_num_threads(2)
-    model_dir = prepare_model("smollm2-135m")
+    model_dir = prepare_model(MODEL)
     steps: list[float] = []
 
     class Timer(TrainerCallback):
@@ -160,16 +169,20 @@ def run(which: str, **extra_env: str) -> dict[str, object]:
     return result
 
 
-def measure() -> str:
+def measure(model: str) -> str:
     from bench.common import machine, table
 
-    results = {
-        "ours": run("ours"),
-        "ours_no_ckpt": run("ours", CHECKPOINTING="0"),
-        "ours_merged": run("ours", MERGED="1"),
-        "ours_merged_no_ckpt": run("ours", MERGED="1", CHECKPOINTING="0"),
-        "trl": run("trl"),
+    os.environ["BENCH_MODEL"] = model
+    variants = {
+        "ours": {},
+        "ours_no_ckpt": {"CHECKPOINTING": "0"},
+        "ours_merged": {"MERGED": "1"},
+        "ours_merged_no_ckpt": {"MERGED": "1", "CHECKPOINTING": "0"},
     }
+    if model != "smollm2-135m":  # minutes per variant: the one the demo runs, and TRL
+        variants = {"ours_merged": variants["ours_merged"]}
+    results = {name: run("ours", **env) for name, env in variants.items()}
+    results["trl"] = run("trl")
     median = {name: statistics.median(r["steps"][1:]) for name, r in results.items()}  # type: ignore[index]
     labels = {
         "ours": "journeyman, gradient checkpointing on (as TRL)",
@@ -184,14 +197,14 @@ def measure() -> str:
         for name, r in results.items()
     ]  # fmt: skip
     splits = []
-    for name in ("ours", "ours_no_ckpt", "ours_merged", "ours_merged_no_ckpt"):
+    for name in variants:
         phases = results[name]["phases"][1:]  # type: ignore[index]
         splits.append(
             f"{labels[name]}: "
             + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0])
         )
     return (
-        f"### One RL step: {GROUP} rollouts x {TOKENS} tokens + a LoRA r={RANK} step ({machine()})\n\n"
+        f"### One RL step, {model}: {GROUP} rollouts x {TOKENS} tokens + a LoRA r={RANK} step ({machine()})\n\n"
         + table(["system", "median s/step", "vs TRL", "peak RSS GiB"], rows)
         + "\n\nStep split (medians). "
         + "; ".join(splits)
@@ -204,10 +217,11 @@ def measure() -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--child", choices=["ours", "trl"])
+    parser.add_argument("--model", default=MODEL, help="embedded model alias")
     args = parser.parse_args()
     if args.child == "ours":
         print(json.dumps(asyncio.run(ours())))
     elif args.child == "trl":
         print(json.dumps(trl()))
     else:
-        print(measure())
+        print(measure(args.model))

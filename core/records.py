@@ -18,9 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from journeyman.messages import AssistantMessage, ModelTurn, ToolCall
 
 __all__ = [
+    "TOOL_CALL_FORMS",
     "ChoiceRecord",
     "CompletionRecord",
     "RecordSource",
+    "ToolCallForm",
     "in_process_records",
     "register_in_process",
     "unregister_in_process",
@@ -44,6 +46,11 @@ SAMPLING_KEYS = (
 )
 """Request keys kept in :attr:`CompletionRecord.sampling`."""
 
+ToolCallForm = Literal["tagged", "bare", "fenced"]
+"""How a model wrote a tool call: in ``<tool_call>`` tags (what hermes-style chat templates ask
+for), as a bare JSON object in its text, or in a ```json fence."""
+TOOL_CALL_FORMS: tuple[ToolCallForm, ...] = ("tagged", "bare", "fenced")
+
 
 class ChoiceRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +67,11 @@ class ChoiceRecord(BaseModel):
     """Tool calls the model wrote with arguments that are JSON but not an object (``[3, 4]``):
     the client received them as text in ``message.content`` (OpenAI clients such as
     langchain-openai raise on them), and they are kept here as the server parsed them."""
+    tool_call_forms: list[ToolCallForm | None] | None = None
+    """How the model wrote each tool call of the server's response, in its order (calls moved to
+    ``invalid_tool_calls`` included). Read from the ids journeyman's vLLM tool parser gives
+    (``call_bare_<hex>``); None for a call with another id (another parser, a named
+    ``tool_choice``), and for the whole list when no call has such an id."""
 
 
 class CompletionRecord(BaseModel):

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from journeyman.errors import InvalidDataError
 from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
-from journeyman.records import CompletionRecord, RecordSource, in_process_records
+from journeyman.records import TOOL_CALL_FORMS, CompletionRecord, RecordSource, in_process_records
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
 __all__ = [
@@ -234,7 +234,12 @@ def _dump(message: AssistantMessage) -> dict[str, Any]:
 def build_trajectory(
     calls: list[Call], tool_runs: Iterable[ToolRun] = (), *, trajectory: Trajectory | None = None
 ) -> Trajectory:
-    """Chain the calls (in start order) into histories; fill ``trajectory`` (or a new one)."""
+    """Chain the calls (in start order) into histories; fill ``trajectory`` (or a new one).
+
+    Counts go to ``trajectory.metrics``, 0 included, among them ``tool_calls_tagged``,
+    ``tool_calls_bare`` and ``tool_calls_fenced``: how the model wrote its tool calls (the
+    records' ``tool_call_forms``), for a reward that prefers the chat template's tagged form.
+    """
     trajectory = trajectory if trajectory is not None else Trajectory()
     histories: list[History] = []
     keys: list[list[tuple[Any, ...]]] = []
@@ -245,6 +250,7 @@ def build_trajectory(
         "llm_errors": 0,
         "invalid_messages": 0,
         "invalid_tool_calls": 0,
+        **{f"tool_calls_{form}": 0 for form in TOOL_CALL_FORMS},  # how the model wrote its calls
     }  # every count present (0 too), so averages over trajectories are rates
     versions: list[int] = []
     for number, call in enumerate(sorted(calls, key=lambda c: c.started)):
@@ -266,6 +272,9 @@ def build_trajectory(
                     f"model call {number}: {len(invalid)} tool call(s) with arguments that are not a JSON "
                     f"object were returned as text: {[c.function.arguments for c in invalid]}"
                 )
+            for form in record.choices[0].tool_call_forms or []:
+                if form is not None:
+                    metrics[f"tool_calls_{form}"] += 1
         else:
             messages, tools = call.messages, call.tools
             turn = _untracked_turn(call)

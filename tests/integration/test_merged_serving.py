@@ -14,7 +14,7 @@ from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.router import Router
 from journeyman.backend.vllm import VLLMConfig, VLLMServer
 
-from .conftest import make_adapter
+from .conftest import FAMILIES, make_adapter
 
 # Long enough to fill whole prefix-cache blocks: a stale cache would answer from the old weights.
 PROMPT = "Here is a list of rivers and the seas they flow into. " + " ".join(
@@ -22,20 +22,26 @@ PROMPT = "Here is a list of rivers and the seas they flow into. " + " ".join(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=FAMILIES)
 def merged(
-    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Router, GatewayThread]]:
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Router, GatewayThread, Path]]:
+    """A merging server per family, one at a time (Qwen2: biases kept, the untied output written)."""
+    from journeyman.backend.models import prepare_model
+
+    model_dir = prepare_model(request.param)
     folder = tmp_path_factory.mktemp("merged")
-    server = VLLMServer(
-        VLLMConfig(model=model_dir, served_name="base", merge_adapters=True), log_path=folder / "vllm.log"
-    )
-    server.start(timeout=600)
+    # SmolLM2 runs vLLM's compiled graphs, as the demo does. Compiling the 0.5B takes 3-5 minutes
+    # on 2 cores (vLLM 0.32's compile cache fails to load on CPU), so Qwen runs eager here.
+    eager = ("--enforce-eager",) if request.param != "smollm2-135m" else ()
+    config = VLLMConfig(model=model_dir, served_name="base", merge_adapters=True, extra_args=eager)
+    server = VLLMServer(config, log_path=folder / "vllm.log")
+    server.start(timeout=900)
     records = RecordLog(folder / "records.jsonl")
     router = Router(server)
     try:
         with GatewayThread(Gateway(router, records)) as gateway:
-            yield router, gateway
+            yield router, gateway, model_dir
     finally:
         records.close()
         server.stop()
@@ -55,11 +61,11 @@ def _reference(model_dir: Path, adapter: Path | None, prompt: list[int], complet
 
 
 async def test_a_merged_adapter_answers_like_the_adapter(
-    merged: tuple[Router, GatewayThread], model_dir: Path, tmp_path: Path
+    merged: tuple[Router, GatewayThread, Path], tmp_path: Path
 ) -> None:
     import torch
 
-    router, gateway = merged
+    router, gateway, model_dir = merged
     client = openai.AsyncOpenAI(base_url=gateway.base_url + "/v1", api_key="-", max_retries=0)
     records = gateway.gateway.records
     request = {
@@ -80,7 +86,7 @@ async def test_a_merged_adapter_answers_like_the_adapter(
     difference = (_reference(model_dir, adapter, prompt, completion) - sampled).abs().mean()
     off = (_reference(model_dir, None, prompt, completion) - sampled).abs().mean()
     print(
-        f"\nmerged adapter logprobs, vLLM vs transformers + peft: mean |diff| {difference:.4f}, base {off:.4f}"
+        f"\n{model_dir.name}: merged adapter logprobs, vLLM vs transformers + peft: mean |diff| {difference:.4f}, base {off:.4f}"
     )
     assert difference < 0.06, f"mean |diff| {difference:.4f}"
     assert off > 4 * difference  # the merged adapter answers, not stale base weights or cache
@@ -97,9 +103,9 @@ async def test_a_merged_adapter_answers_like_the_adapter(
 
 
 async def test_requests_during_a_merged_deploy_all_answer_with_one_version(
-    merged: tuple[Router, GatewayThread], model_dir: Path, tmp_path: Path
+    merged: tuple[Router, GatewayThread, Path], tmp_path: Path
 ) -> None:
-    router, gateway = merged
+    router, gateway, model_dir = merged
     client = openai.AsyncOpenAI(base_url=gateway.base_url + "/v1", api_key="-", max_retries=0, timeout=300)
     await router.deploy("agent", None, 0)
     adapter = make_adapter(model_dir, tmp_path / "adapter", rank=8, seed=6, scale=1.0)

@@ -39,6 +39,7 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         "journeyman/backend/cli.py",
         "journeyman/backend/templates/smollm2_tools.jinja",
         "journeyman/backend/vllm_plugin/journeyman_cpu_lora.py",
+        "journeyman/backend/vllm_plugin/journeyman_tool_parser.py",
         "journeyman/backend/vllm_plugin/journeyman_cpu_lora-0.1.0.dist-info/entry_points.txt",
     ]:
         assert expected in names, expected

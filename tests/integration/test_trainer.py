@@ -18,6 +18,7 @@ from journeyman.backend.batch import Row, build_batch, pack  # noqa: E402
 from journeyman.backend.gateway import GatewayThread  # noqa: E402
 from journeyman.backend.router import Router  # noqa: E402
 from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs, _sequence_views  # noqa: E402
+from tests.integration.conftest import QWEN, Served, each_family  # noqa: E402
 
 
 def _group(tokenizer: Any, question: str, answers: list[tuple[str, float]]) -> jm.TrajectoryGroup:
@@ -51,8 +52,8 @@ def _groups(tokenizer: Any, variant: int = 0) -> list[jm.TrajectoryGroup]:
     ]
 
 
-def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
-    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=tmp_path), threads=1, **kwargs)
+def _trainer(tmp_path: Path, family: str = "smollm2-135m", **kwargs: Any) -> Trainer:
+    trainer = Trainer(family, jm.ModelStore("test", "agent", root=tmp_path), threads=1, **kwargs)
     trainer.load()
     return trainer
 
@@ -65,13 +66,26 @@ def _snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_each_loss_updates_every_lora_weight_and_no_base_weight(
     loss: LossType, tmp_path: Path, tokenizer: Any
 ) -> None:
-    trainer = _trainer(tmp_path)
+    _check_one_step_updates_only_lora(_trainer(tmp_path), tokenizer, loss)
+
+
+def test_a_qwen2_step_updates_every_lora_weight_and_no_base_weight(
+    tmp_path: Path, qwen_tokenizer: Any
+) -> None:
+    """Qwen2 adds q/k/v biases and an untied output layer: both stay frozen."""
+    trainer = _trainer(tmp_path, QWEN)
+    names = {n for n, _ in trainer.model.named_parameters()}
+    assert any(n.endswith("q_proj.base_layer.bias") for n in names) and any("lm_head" in n for n in names)
+    _check_one_step_updates_only_lora(trainer, qwen_tokenizer, "dapo")
+
+
+def _check_one_step_updates_only_lora(trainer: Trainer, tokenizer: Any, loss: LossType) -> None:
     before = _snapshot(trainer)
     config = TrainConfig(loss=loss, learning_rate=1e-3, epsilon_high=0.28 if loss == "gspo" else None)
     first = trainer.train_step(_groups(tokenizer), config)
     after_one = _snapshot(trainer)
     lora = [n for n in before if "lora_" in n]
-    assert len(lora) == 30 * 7 * 2  # 30 layers x 7 projections x (A, B)
+    assert len(lora) == trainer.model.config.num_hidden_layers * 7 * 2  # layers x 7 projections x (A, B)
     for name, value in before.items():
         changed = not torch.equal(value, after_one[name])
         if "lora_B" in name:
@@ -89,18 +103,23 @@ def test_each_loss_updates_every_lora_weight_and_no_base_weight(
     assert first.metrics["data/trained_tokens"] > 0 and first.metrics["train/grad_norm"] > 0
 
 
-def test_checkpoints_hold_no_pickle_and_resume_repeats_the_next_step(tmp_path: Path, tokenizer: Any) -> None:
+@each_family
+def test_checkpoints_hold_no_pickle_and_resume_repeats_the_next_step(
+    tmp_path: Path, family: str, family_tokenizer: Any
+) -> None:
+    tokenizer = family_tokenizer
     config = TrainConfig(loss="dapo", learning_rate=5e-4)
-    straight = _trainer(tmp_path / "straight")
+    straight = _trainer(tmp_path / "straight", family)
     straight.train_step(_groups(tokenizer, 0), config)
     straight.train_step(_groups(tokenizer, 1), config)
 
-    interrupted = _trainer(tmp_path / "interrupted")
+    interrupted = _trainer(tmp_path / "interrupted", family)
     interrupted.train_step(_groups(tokenizer, 0), config)
     del interrupted  # the process "dies" after checkpoint 1
-    resumed = _trainer(tmp_path / "interrupted")
+    resumed = _trainer(tmp_path / "interrupted", family)
     assert resumed.step == 1
-    assert resumed.optimizer is not None and len(resumed.optimizer.state) == 30 * 7 * 2
+    layers = resumed.model.config.num_hidden_layers
+    assert resumed.optimizer is not None and len(resumed.optimizer.state) == layers * 7 * 2
     resumed.train_step(_groups(tokenizer, 1), config)
 
     a, b = _snapshot(straight), _snapshot(resumed)
@@ -206,12 +225,13 @@ async def test_each_step_is_deployed_before_it_is_reported(
     assert record is not None and record.served_model == "trained@1"
 
 
-async def test_token_exact_assembly_from_gateway_records(
-    tmp_path: Path, tokenizer: Any, gateway: GatewayThread
-) -> None:
-    from tests.integration.test_serving import FEW_SHOT, SERVED_BASE, TOOLS, _client, _first_tool_call
+@each_family
+async def test_token_exact_assembly_from_gateway_records(tmp_path: Path, served: Served) -> None:
+    """Step-0 training logprobs of a real two-turn tool conversation equal vLLM's sampling ones."""
+    from tests.integration.test_serving import FEW_SHOT, TOOLS, _canonical, _client, _first_tool_call
 
-    first, _ = await _first_tool_call(gateway)
+    gateway, tokenizer = served.gateway, served.tokenizer
+    first, _ = await _first_tool_call(gateway, served.name)
     message = first.choices[0].message
     call = (message.tool_calls or [])[0]
     follow_up = [
@@ -220,28 +240,31 @@ async def test_token_exact_assembly_from_gateway_records(
         {"role": "tool", "tool_call_id": call.id, "content": "42"},
     ]
     second = await _client(gateway, "assembly").chat.completions.create(
-        model=SERVED_BASE, messages=follow_up, tools=TOOLS, max_tokens=16, temperature=0.7, seed=1
+        model=served.name, messages=follow_up, tools=TOOLS, max_tokens=16, temperature=0.7, seed=1
     )
     records: list[CompletionRecord] = [gateway.gateway.records.get(c.id) for c in (first, second)]  # type: ignore[misc]
     conversation: list[Any] = [*FEW_SHOT, records[0].model_turn(), follow_up[-1], records[1].model_turn()]
     trajectory = jm.Trajectory(conversation=conversation, tools=TOOLS, reward=1.0)
     other = jm.Trajectory(conversation=conversation, tools=TOOLS, reward=0.0)
     batch = build_batch([jm.TrajectoryGroup([trajectory, other])], tokenizer, TrainConfig())
-    assert batch.counts["data/prefix_breaks"] == 0
-    sequence = batch.sequences[0]
+    # A call written as bare JSON is re-rendered tagged in the next prompt: two sequences then.
+    canonical = _canonical(message)
+    assert batch.counts["data/prefix_breaks"] == (0 if canonical else 2)  # one in each trajectory
+    sequences = [s for s in batch.sequences if s.trajectory == 0]
+    assert len(sequences) == (1 if canonical else 2)
     sampled = [t for r in records for t in (r.choices[0].completion_token_ids or [])]
-    assert [t for t, m in zip(sequence.tokens, sequence.mask, strict=True) if m] == sampled
-    assert sequence.tokens[: len(records[1].prompt_token_ids or [])] == records[1].prompt_token_ids
+    assert [t for s in sequences for t, m in zip(s.tokens, s.mask, strict=True) if m] == sampled
+    assert sequences[-1].tokens[: len(records[1].prompt_token_ids or [])] == records[1].prompt_token_ids
 
-    trainer = _trainer(tmp_path)
-    with torch.no_grad():
-        logprobs, _ = _logprobs_and_grads(trainer, [Row([sequence], 0)], backward=False)
-    training = logprobs[0][torch.tensor(sequence.mask[1:], dtype=torch.bool)]
-    sampling = torch.tensor(
-        [lp for lp, m in zip(sequence.sampling_logprobs[1:], sequence.mask[1:], strict=True) if m]
-    )
-    difference = (training - sampling).abs()
-    print(f"\nstep-0 training vs vLLM sampling logprobs over {len(sampled)} tokens: "
+    trainer = _trainer(tmp_path, served.family)
+    training, sampling = [], []
+    for sequence in sequences:
+        with torch.no_grad():
+            logprobs, _ = _logprobs_and_grads(trainer, [Row([sequence], 0)], backward=False)
+        training.append(logprobs[0][torch.tensor(sequence.mask[1:], dtype=torch.bool)])
+        sampling += [lp for lp, m in zip(sequence.sampling_logprobs[1:], sequence.mask[1:], strict=True) if m]
+    difference = (torch.cat(training) - torch.tensor(sampling)).abs()
+    print(f"\n{served.family}: step-0 training vs vLLM sampling logprobs over {len(sampled)} tokens: "
           f"mean |diff| {difference.mean():.4f}, max {difference.max():.4f}")  # fmt: skip
     assert difference.mean() < 0.05
 

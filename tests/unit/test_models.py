@@ -152,9 +152,7 @@ def test_every_embedded_model_pins_parts_that_add_up() -> None:
 def test_model_list_shows_every_alias_and_what_is_prepared(tmp_path: Path) -> None:
     folder = tmp_path / "SmolLM2-135M-Instruct"
     folder.mkdir()
-    (folder / models.MARKER).write_text(
-        json.dumps(models._expected_marker(EMBEDDED_MODELS["smollm2-135m"]))
-    )
+    (folder / models.MARKER).write_text(json.dumps(models._expected_marker(EMBEDDED_MODELS["smollm2-135m"])))
     result = CliRunner().invoke(app, ["model", "list", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     lines = [line.split("│") for line in result.output.splitlines() if line.count("│") > 2]
