@@ -6,21 +6,17 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from journeyman.backend.families import TOOL_PARSER_PLUGIN
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.gateway import GatewayThread
 from journeyman.backend.settings import vllm_python
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.vllm import VLLMServer
 from journeyman.backend.vllm_plugin.journeyman_tool_parser import form_of_tool_call_id, parse_tool_calls
 from journeyman.integrations._capture import Call, build_trajectory, join_records
-from tests.integration.conftest import QWEN
 
 TOOLS = [
     {
@@ -141,35 +137,21 @@ def test_tagged_calls_parse_exactly_as_hermes_and_untagged_ones_only_in_full_res
 # The real server with Qwen2.5-Coder-0.5B, zero-shot ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def qwen_dir() -> Path:
-    from journeyman.backend.models import prepare_model
-
-    return prepare_model(QWEN)
-
-
-@pytest.fixture(scope="module")
-def server(qwen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """Qwen2.5-Coder-0.5B with the journeyman parser (about 100 s to start on 2 cores, ~6 GB)."""
-    config = VLLMConfig(model=qwen_dir, served_name="qwen", tool_parser="journeyman", enable_lora=False)
-    server = VLLMServer(config, log_path=tmp_path_factory.mktemp("vllm-qwen-parser") / "vllm.log")
-    server.start(timeout=900)
-    yield server
-    server.stop()
+@pytest.fixture
+def server(qwen_server: VLLMServer) -> VLLMServer:
+    """The run's shared Qwen2.5-Coder-0.5B server; its tool parser is ``auto``, i.e. journeyman's."""
+    assert "--tool-parser-plugin" in qwen_server.command()
+    return qwen_server
 
 
-@pytest.fixture(scope="module")
-def gateway(server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    records = RecordLog(tmp_path_factory.mktemp("gateway-qwen-parser") / "records.jsonl")
-    with GatewayThread(Gateway(Router(server), records)) as thread:
-        yield thread
-    records.close()
+@pytest.fixture
+def gateway(qwen_gateway: GatewayThread) -> GatewayThread:
+    return qwen_gateway
 
 
-@pytest.fixture(scope="module")
-def tokenizer(qwen_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(qwen_dir)
+@pytest.fixture
+def tokenizer(qwen_tokenizer: Any) -> Any:
+    return qwen_tokenizer
 
 
 def _form_written(raw: str) -> str:
