@@ -530,6 +530,7 @@ class Demo:
         report = {
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()},
             "name": self.name,
+            "worked_examples": self.worked_examples,
             "before": asdict(before),
             "after": asdict(after),
             "train_minutes": train_minutes,
