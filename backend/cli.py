@@ -195,9 +195,13 @@ def demo(
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed for the questions and training.")] = 0,
     merge_adapters: Annotated[
-        bool,
-        typer.Option(help="Serve each step merged into vLLM's weights (about 2x faster rollouts on CPU)."),
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--merge-adapters/--no-merge-adapters",
+            help="Serve each step merged into vLLM's weights (about 2x faster rollouts on CPU; default: only "
+            "for smollm2-135m, as vLLM 0.32 reloads merged Qwen2 weights wrong).",
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
     model: Annotated[
         str,

@@ -243,8 +243,10 @@ class DemoConfig:
     langfuse: bool = False
     """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
     seed: int = 0
-    merge_adapters: bool = True
-    """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU)."""
+    merge_adapters: bool | None = None
+    """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU).
+    None: only for SmolLM2. vLLM 0.32's in-place weight reload does not serve merged Qwen2
+    weights right (bench/results.md), so other models are served as LoRA adapters."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
@@ -439,7 +441,7 @@ class Demo:
             from journeyman.integrations.langfuse import LangfuseExporter
 
             LangfuseExporter(project=c.project, model=self.name).check()
-        merge = c.merge_adapters
+        merge = c.merge_adapters if c.merge_adapters is not None else c.base_model == "smollm2-135m"
         if c.judge == "ruler" and c.judge_base_url is None and merge:
             merge = False  # merged weights replace the base model, and the local judge is the base model
             console.print("the judge is the local base model: serving adapters with LoRA, not merged")
