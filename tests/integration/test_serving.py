@@ -187,12 +187,12 @@ async def _first_tool_call(gateway: GatewayThread, model: str = SERVED_BASE) -> 
     pytest.fail("no tool call in 24 seeded samples")
 
 
-@each_family
 def _canonical(message: Any) -> bool:
     """Whether every call was written in the tagged form (the parser names the form in the id)."""
     return all(not c.id.startswith(("call_bare_", "call_fenced_")) for c in message.tool_calls or [])
 
 
+@each_family
 async def test_tool_calls_are_recorded_and_turns_share_a_token_prefix(served: Served) -> None:
     gateway, tokenizer = served.gateway, served.tokenizer
     first, _ = await _first_tool_call(gateway, served.name)
