@@ -17,22 +17,8 @@ from journeyman.backend.settings import vllm_python
 from journeyman.backend.vllm import VLLMServer
 from journeyman.backend.vllm_plugin.journeyman_tool_parser import form_of_tool_call_id, parse_tool_calls
 from journeyman.integrations._capture import Call, build_trajectory, join_records
+from tests.integration.test_serving import TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"{name.capitalize()} two integers and return the result.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-    for name in ("add", "multiply")
-]
 NAMES = {"add", "multiply"}
 QUESTIONS = [("multiply", 47, 86), ("add", 123, 456), ("multiply", 12, 34)]
 
