@@ -9,7 +9,7 @@ setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
 
 test: setup  ## all tests: unit, integration (real model, real vLLM environment), faults
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=40
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q
