@@ -85,3 +85,11 @@ def serve(app: Starlette) -> GatewayThread:
             self.app = asgi
 
     return GatewayThread(_App(app), shutdown_timeout=1).start()  # type: ignore[arg-type]
+
+
+def gateway_to(server: VLLMServer, tmp_path: Path, **kwargs: Any) -> GatewayThread:
+    """The real gateway in front of ``server``, recording to ``tmp_path/records.jsonl``, started."""
+    from journeyman.backend.gateway import Gateway, RecordLog
+    from journeyman.backend.router import Router
+
+    return GatewayThread(Gateway(Router(server), RecordLog(tmp_path / "records.jsonl"), **kwargs)).start()

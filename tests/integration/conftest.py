@@ -26,15 +26,33 @@ each_family = pytest.mark.parametrize("family", FAMILIES)
 """Run a test on both model families (Llama-architecture SmolLM2 and Qwen2)."""
 
 
+def _server(model_dir: Path, name: str, tmp: pytest.TempPathFactory, **settings: Any) -> Iterator[VLLMServer]:
+    log = tmp.mktemp(f"vllm-{name}") / "vllm.log"
+    config = VLLMConfig(
+        model=model_dir, served_name=name, max_lora_rank=MAX_LORA_RANK, max_loras=2, **settings
+    )
+    server = VLLMServer(config, log_path=log)
+    server.start(timeout=900)
+    yield server
+    server.stop()
+
+
+def _gateway(router: Router, name: str, tmp: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    records = RecordLog(tmp.mktemp(f"gateway-{name}") / "records.jsonl")
+    with GatewayThread(Gateway(router, records)) as thread:
+        yield thread
+    records.close()
+
+
+def _tokenizer(model_dir: Path) -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """The real vLLM server with the embedded model (40-70 s to start on 2 cores)."""
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    config = VLLMConfig(model=model_dir, served_name=SERVED_BASE, max_lora_rank=MAX_LORA_RANK, max_loras=2)
-    server = VLLMServer(config, log_path=log)
-    server.start(timeout=600)
-    yield server
-    server.stop()
+    yield from _server(model_dir, SERVED_BASE, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -44,16 +62,12 @@ def router(vllm_server: VLLMServer) -> Router:
 
 @pytest.fixture(scope="session")
 def gateway(router: Router, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    records = RecordLog(tmp_path_factory.mktemp("gateway") / "records.jsonl")
-    with GatewayThread(Gateway(router, records)) as thread:
-        yield thread
-    records.close()
+    yield from _gateway(router, SERVED_BASE, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(model_dir)
+    return _tokenizer(model_dir)
 
 
 def make_adapter(model_dir: Path, out: Path, *, rank: int = 4, seed: int = 0, scale: float = 16.0) -> Path:
@@ -84,14 +98,7 @@ def qwen_dir() -> Path:
 @pytest.fixture(scope="session")
 def qwen_server(qwen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """The real vLLM server with Qwen2.5-Coder-0.5B (about 100 s to start on 2 cores)."""
-    log = tmp_path_factory.mktemp("vllm-qwen") / "vllm.log"
-    config = VLLMConfig(
-        model=qwen_dir, served_name="qwen", max_lora_rank=MAX_LORA_RANK, max_loras=2, kv_cache_gib=1
-    )
-    server = VLLMServer(config, log_path=log)
-    server.start(timeout=900)
-    yield server
-    server.stop()
+    yield from _server(qwen_dir, "qwen", tmp_path_factory, kv_cache_gib=1)
 
 
 @pytest.fixture(scope="session")
@@ -101,16 +108,12 @@ def qwen_router(qwen_server: VLLMServer) -> Router:
 
 @pytest.fixture(scope="session")
 def qwen_gateway(qwen_router: Router, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    records = RecordLog(tmp_path_factory.mktemp("gateway-qwen") / "records.jsonl")
-    with GatewayThread(Gateway(qwen_router, records)) as thread:
-        yield thread
-    records.close()
+    yield from _gateway(qwen_router, "qwen", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer(qwen_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    return _tokenizer(qwen_dir)
 
 
 @dataclass(frozen=True)

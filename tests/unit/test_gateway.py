@@ -6,14 +6,13 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from journeyman.backend.gateway import ROLLOUT_HEADER, Gateway, GatewayThread, RecordLog
+from journeyman.backend.gateway import ROLLOUT_HEADER, GatewayThread, RecordLog
 from journeyman.backend.router import Router
 from journeyman.records import (
     ChoiceRecord,
@@ -22,28 +21,9 @@ from journeyman.records import (
     register_in_process,
     unregister_in_process,
 )
-from tests.scripted_upstream import Reply, ScriptedServer, ScriptedUpstream, serve
+from tests.scripted_upstream import Reply, ScriptedServer, ScriptedUpstream, gateway_to
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[ScriptedUpstream, str]]:
-    script = ScriptedUpstream()
-    thread = serve(script.app())
-    yield script, thread.base_url
-    thread.stop()
-
-
-def _gateway(server: ScriptedServer, tmp_path: Path, **kwargs: Any) -> GatewayThread:
-    return GatewayThread(Gateway(Router(server), RecordLog(tmp_path / "records.jsonl"), **kwargs)).start()
-
-
-@pytest.fixture
-def gateway(upstream: tuple[ScriptedUpstream, str], tmp_path: Path) -> Iterator[GatewayThread]:
-    thread = _gateway(ScriptedServer(upstream[1], log_dir=tmp_path), tmp_path)
-    yield thread
-    thread.stop()
 
 
 def _chunk(
@@ -209,7 +189,9 @@ def test_upstream_errors_pass_through(upstream: tuple[ScriptedUpstream, str], ga
 
 
 def test_server_not_running_is_503(tmp_path: Path) -> None:
-    with _gateway(ScriptedServer("http://127.0.0.1:9", running=False, log_dir=tmp_path), tmp_path) as gateway:
+    with gateway_to(
+        ScriptedServer("http://127.0.0.1:9", running=False, log_dir=tmp_path), tmp_path
+    ) as gateway:
         response = httpx.post(
             f"{gateway.base_url}/v1/chat/completions", json={"model": "base", "messages": MESSAGES}
         )
@@ -222,7 +204,7 @@ def test_unreachable_upstream_is_502_and_the_gateway_stays_up(tmp_path: Path) ->
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
     server = ScriptedServer(f"http://127.0.0.1:{closed_port}", log_dir=tmp_path)
-    with _gateway(server, tmp_path) as gateway:
+    with gateway_to(server, tmp_path) as gateway:
         for _ in range(2):
             response = httpx.post(
                 f"{gateway.base_url}/v1/chat/completions", json={"model": "base", "messages": MESSAGES}
@@ -235,7 +217,7 @@ def test_unreachable_upstream_is_502_and_the_gateway_stays_up(tmp_path: Path) ->
 def test_slow_upstream_is_504(upstream: tuple[ScriptedUpstream, str], tmp_path: Path) -> None:
     script, url = upstream
     script.replies.append(Reply(hang=True))
-    with _gateway(ScriptedServer(url, log_dir=tmp_path), tmp_path, timeout=0.5) as gateway:
+    with gateway_to(ScriptedServer(url, log_dir=tmp_path), tmp_path, timeout=0.5) as gateway:
         response = httpx.post(
             f"{gateway.base_url}/v1/chat/completions",
             json={"model": "base", "messages": MESSAGES},

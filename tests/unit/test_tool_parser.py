@@ -4,15 +4,12 @@ ids reaching the gateway's records and the trajectories' counts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog, _tool_call_forms
-from journeyman.backend.router import Router
+from journeyman.backend.gateway import GatewayThread, _tool_call_forms
 from journeyman.backend.vllm_plugin.journeyman_tool_parser import (
     FORMS,
     ParsedToolCalls,
@@ -22,7 +19,7 @@ from journeyman.backend.vllm_plugin.journeyman_tool_parser import (
 )
 from journeyman.integrations._capture import Call, build_trajectory, join_records
 from journeyman.records import TOOL_CALL_FORMS
-from tests.scripted_upstream import Reply, ScriptedServer, ScriptedUpstream, serve
+from tests.scripted_upstream import Reply, ScriptedUpstream
 
 TOOLS = {"add", "multiply"}
 MUL = '{"name": "multiply", "arguments": {"a": 47, "b": 86}}'
@@ -178,22 +175,6 @@ def test_ids_name_the_form_the_gateway_reads() -> None:
 
 
 # The gateway records the forms; trajectories count them --------------------------------------
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[ScriptedUpstream, str]]:
-    script = ScriptedUpstream()
-    thread = serve(script.app())
-    yield script, thread.base_url
-    thread.stop()
-
-
-@pytest.fixture
-def gateway(upstream: tuple[ScriptedUpstream, str], tmp_path: Path) -> Iterator[GatewayThread]:
-    server = ScriptedServer(upstream[1], log_dir=tmp_path)
-    thread = GatewayThread(Gateway(Router(server), RecordLog(tmp_path / "records.jsonl"))).start()
-    yield thread
-    thread.stop()
 
 
 def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
