@@ -245,8 +245,9 @@ class DemoConfig:
     seed: int = 0
     merge_adapters: bool | None = None
     """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU).
-    None: only for SmolLM2. vLLM 0.32's in-place weight reload does not serve merged Qwen2
-    weights right (bench/results.md), so other models are served as LoRA adapters."""
+    None: only for SmolLM2. A server without LoRA compiles its graphs at every start on CPU
+    (vLLM 0.32's compile cache fails to load there): about 6 minutes for the 0.5B on 2 cores, so
+    other models are served as LoRA adapters (eager) unless this says otherwise."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""

@@ -63,7 +63,7 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
 TASKS = ["Name a fruit. Answer with one word.", "What is 3+4? Answer with a number."]
 
 
-async def test_three_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> None:
+async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> None:
     async with LocalBackend(root=tmp_path) as backend:
         model = jm.TrainableModel(name="ruled", project="test", base_model="smollm2-135m", root=tmp_path)
         await model.register(backend)
@@ -94,7 +94,7 @@ async def test_three_training_steps_with_ruler_as_the_only_reward(tmp_path: Path
             return jm.Trajectory(conversation=[*messages, record.model_turn()])  # no reward of its own
 
         judged_groups = 0
-        for step in range(3):
+        for step in range(2):
             groups = await jm.gather_trajectory_groups(
                 (jm.TrajectoryGroup(rollout(task) for _ in range(4)) for task in TASKS),
                 after_each=functools.partial(jm.ruler_score_group, judge=judge),
@@ -117,7 +117,7 @@ async def test_three_training_steps_with_ruler_as_the_only_reward(tmp_path: Path
             assert result.step == step + 1
             rewards = [t.reward for g in groups for t in g if t.reward is not None]
             assert result.metrics["reward/mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
-        assert judged_groups >= 5  # of 6: structured output makes valid answers the rule
-        assert await model.get_step() == 3
-        assert await model.list_checkpoints() == [0, 1, 2, 3]
+        assert judged_groups >= 3  # of 4: structured output makes valid answers the rule
+        assert await model.get_step() == 2
+        assert await model.list_checkpoints() == [0, 1, 2]
         await judge.aclose()
