@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import os
 from collections.abc import Iterator
@@ -45,6 +43,7 @@ def _give_memory_back(request: pytest.FixtureRequest) -> Iterator[None]:
     glibc keeps it otherwise, and the run's vLLM servers and the 0.5B trainer need it (24 GiB)."""
     yield
     if request.node.get_closest_marker("unit") is None:
+        from journeyman.backend.trainer import release_memory
+
         gc.collect()
-        with contextlib.suppress(OSError, AttributeError):  # glibc only
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        release_memory()

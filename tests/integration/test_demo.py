@@ -42,8 +42,8 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
 
 
 def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
-    """``--model qwen2.5-coder-0.5b``: Qwen calls tools with no worked examples, so it trains on
-    the zero-shot prompt (system prompt and tools only), and both prompts are evaluated."""
+    """``--model qwen2.5-coder-0.5b``: Qwen calls tools with no worked examples, so it trains and
+    is evaluated on the zero-shot prompt (system prompt and tools only)."""
     # Served as LoRA: a merging server compiles its graphs first (minutes on 2 cores), LoRA runs eager.
     # Only the prompt it trains on is evaluated here (the SmolLM2 test covers evaluating both).
     args = ["demo", *TINY, "--model", "qwen2.5-coder-0.5b", "--no-merge-adapters", "--no-zero-shot-eval"]
