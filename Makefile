@@ -3,13 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup test test-unit test-integration test-faults check format bench demo clean
+.PHONY: setup test test-slow test-unit test-integration test-faults check format bench demo clean
 
 setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
 
-test: setup  ## all tests: unit, integration (real model, real vLLM environment), faults
-	$(PY) -m pytest tests -q --durations=40
+test: setup  ## unit, integration (real model, real vLLM environment), faults; all but the slow tier
+	$(PY) -m pytest tests -q -m "not slow" --durations=40
+
+test-slow: setup  ## the longest end-to-end runs (Qwen demo, RULER demo, merged Qwen, memory hand-back)
+	$(PY) -m pytest tests -q -m slow --durations=10
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q

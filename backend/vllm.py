@@ -55,6 +55,19 @@ def cuda_available() -> bool:
     )
 
 
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when this CPU computes in bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo.
+    Elsewhere bf16 matmuls are emulated: on this project's 2-core AVX2 machine a 2048^3 matmul ran
+    at 0.3 GFLOP/s in bf16 against 156 in fp32, and vLLM's bf16 linear layers at 20 against 150."""
+    try:
+        flags = next(
+            (line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), ""
+        ).split()
+    except OSError:
+        return True  # not Linux: leave the choice to vLLM's default for the platform
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 PLUGIN_DIR = Path(__file__).parent / "vllm_plugin"
 
 
@@ -70,7 +83,9 @@ class VLLMConfig:
     port: int | None = None
     """None picks a free port."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    """Weights and activations (``--dtype``). ``auto``: bfloat16 on CUDA and on CPUs with bf16
+    instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`)."""
     max_model_len: int = 4096
     enable_lora: bool = True
     max_lora_rank: int = 16
@@ -150,6 +165,13 @@ class VLLMServer:
         return self._device
 
     @property
+    def dtype(self) -> str:
+        """The ``--dtype`` vLLM runs with (``VLLMConfig.dtype``, ``auto`` resolved for this machine)."""
+        if self.config.dtype != "auto":
+            return self.config.dtype
+        return "bfloat16" if self.device == "cuda" or cpu_has_bf16() else "float32"
+
+    @property
     def lora(self) -> bool:
         """Whether vLLM serves LoRA adapters (not when they are merged into the weights)."""
         return self.config.enable_lora and not self.config.merge_adapters
@@ -167,7 +189,7 @@ class VLLMServer:
             "--served-model-name", c.served_name,
             "--host", c.host,
             "--port", str(self.port),
-            "--dtype", c.dtype,
+            "--dtype", self.dtype,
             "--max-model-len", str(c.max_model_len),
         ]  # fmt: skip
         if self.lora:

@@ -41,6 +41,7 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     assert served == {4.0}
 
 
+@pytest.mark.slow
 def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
     """``--model qwen2.5-coder-0.5b``: Qwen calls tools with no worked examples, so it trains and
     is evaluated on the zero-shot prompt (system prompt and tools only)."""
@@ -65,6 +66,7 @@ def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
     assert store.steps("val_zero_shot") == [0, 1] and store.steps("val") == []
 
 
+@pytest.mark.slow
 def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -85,3 +85,27 @@ def test_a_chosen_template_is_passed_to_vllm(tmp_path: Path) -> None:
     config = VLLMConfig(model=folder, port=1, chat_template=custom)
     command = VLLMServer(config, log_path=tmp_path / "log").command()
     assert command[command.index("--chat-template") + 1] == str(custom)
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "expected"),
+    [("fma avx2", "cpu", "float32"), ("avx2 avx512f avx512_bf16", "cpu", "bfloat16"),
+     ("avx2 amx_bf16 amx_tile", "cpu", "bfloat16"), ("fma avx2", "cuda", "bfloat16")],
+)  # fmt: skip
+def test_the_serving_dtype_follows_the_hardware(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, device: str, expected: str
+) -> None:
+    """bf16 is emulated on CPUs without AVX512-BF16 or AMX (7x slower than fp32 there): float32."""
+    import journeyman.backend.vllm as vllm
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: fpu {flags}\n\n")
+    real = vllm.cpu_has_bf16
+    monkeypatch.setattr(vllm, "cpu_has_bf16", lambda: real(cpuinfo))
+    folder = _folder(tmp_path, "llama", ours=QWEN_LIKE)
+    server = VLLMServer(VLLMConfig(model=folder, port=1, device=device), log_path=tmp_path / "log")
+    command = server.command()
+    assert server.dtype == expected and command[command.index("--dtype") + 1] == expected
+    config = VLLMConfig(model=folder, port=1, device=device, dtype="float16")
+    command = VLLMServer(config, log_path=tmp_path / "log").command()
+    assert command[command.index("--dtype") + 1] == "float16"  # a choice is kept
