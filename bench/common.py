@@ -72,4 +72,13 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    """The machine a table was measured on, with the CPU model and whether it computes in bf16:
+    the same 2-core label has meant hosts whose bf16 matmuls differ 1000-fold."""
+    from journeyman.backend.vllm import cpu_has_bf16
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    bf16 = "bf16 instructions" if cpu_has_bf16() else "no bf16 instructions"
+    return f"{cpu} ({platform.machine()}, {bf16}), {os.cpu_count()} cores, Python {platform.python_version()}"
