@@ -34,8 +34,11 @@ def make_adapters(model_dir: object, out: object, count: int) -> list[object]:
     return folders
 
 
-async def measure(rounds: int, model: str, merged: bool) -> str:
-    with serving_stack(served_name="base", model=model, max_lora_rank=8, merge_adapters=merged) as stack:
+async def measure(rounds: int, model: str, merged: bool, eager: bool = False) -> str:
+    extra = ("--enforce-eager",) if eager else ()
+    with serving_stack(
+        served_name="base", model=model, max_lora_rank=8, merge_adapters=merged, extra_args=extra
+    ) as stack:
         adapters = make_adapters(stack.model_dir, stack.workdir, rounds)
         load, first_answer, total = [], [], []
         async with httpx.AsyncClient(base_url=stack.gateway.base_url, timeout=60) as client:
@@ -65,7 +68,8 @@ async def measure(rounds: int, model: str, merged: bool) -> str:
         ("later deploys: folder on disk -> first answer", *summary(total[1:])),
     ]
     return (
-        f"### Redeploy latency, {model}, {'merged into the weights' if merged else 'as a LoRA adapter'} "
+        f"### Redeploy latency, {model}, {'merged into the weights' if merged else 'as a LoRA adapter'}"
+        f"{' (eager)' if eager and merged else ''} "
         f"({rounds} deploys of a rank-8 all-linear adapter; {machine()})\n\n"
         + table(["phase", "p50 ms", "p95 ms", "mean ms"], rows)
         + "\n"
@@ -77,5 +81,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--model", default="smollm2-135m", help="embedded model alias")
     parser.add_argument("--merged", action="store_true", help="merge each adapter into the weights")
+    parser.add_argument("--eager", action="store_true", help="no compiled graphs (a faster start)")
     args = parser.parse_args()
-    print(asyncio.run(measure(args.rounds, args.model, args.merged)))
+    print(asyncio.run(measure(args.rounds, args.model, args.merged, args.eager)))
