@@ -69,7 +69,7 @@ async def measure(rounds: int, model: str, merged: bool, eager: bool = False) ->
     ]
     return (
         f"### Redeploy latency, {model}, {'merged into the weights' if merged else 'as a LoRA adapter'}"
-        f"{' (eager)' if eager and merged else ''} "
+        f"{', eager server' if eager else ''} "
         f"({rounds} deploys of a rank-8 all-linear adapter; {machine()})\n\n"
         + table(["phase", "p50 ms", "p95 ms", "mean ms"], rows)
         + "\n"

@@ -57,11 +57,11 @@ def _reference(model_dir: Path, adapter: Path, prompt: list[int], completion: li
 
     model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), adapter
-    )
+    ).eval()
     ids, targets = torch.tensor([prompt + completion]), torch.tensor(completion)[:, None]
 
     def logprobs() -> Any:
-        logits = model.eval()(ids).logits[0, len(prompt) - 1 : -1]
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
         return logits.log_softmax(-1).gather(-1, targets).squeeze(-1)
 
     with torch.no_grad():
