@@ -169,6 +169,13 @@ def demo(
     learning_rate: Annotated[float, typer.Option(help="LoRA learning rate.")] = 5e-4,
     loss: Annotated[str, typer.Option(help="grpo, dr_grpo, dapo, gspo or cispo.")] = "dapo",
     rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
+    gradient_checkpointing: Annotated[
+        bool | None,
+        typer.Option(
+            "--gradient-checkpointing/--no-gradient-checkpointing",
+            help="Recompute activations in the backward pass (default: on for models other than smollm2-135m).",
+        ),
+    ] = None,
     shaping: Annotated[
         float, typer.Option(help="Reward for the right tool call when the answer is wrong.")
     ] = 0.0,
@@ -211,7 +218,14 @@ def demo(
         bool | None,
         typer.Option(
             "--worked-examples/--no-worked-examples",
-            help="Train with four worked examples in the prompt (default: only for smollm2-135m, which needs them).",
+            help="Train with four worked examples in every prompt, or in none (--worked-share 1 or 0).",
+        ),
+    ] = None,
+    worked_share: Annotated[
+        float | None,
+        typer.Option(
+            help="Share of each step's groups with the worked examples, the rest zero-shot (default: 1 for "
+            "smollm2-135m, which needs them; 0.5 for other models).",
         ),
     ] = None,
     root: Root = None,
@@ -219,14 +233,18 @@ def demo(
     """Teach the embedded model a LangGraph calculator task on this machine, before/after evaluation included."""
     from .demo import DemoConfig, run_demo
 
+    if worked_examples is not None and worked_share is not None:
+        raise typer.BadParameter("give --worked-examples/--no-worked-examples or --worked-share, not both")
+    if worked_examples is not None:
+        worked_share = 1.0 if worked_examples else 0.0
     config = DemoConfig(
         steps=steps, max_train_minutes=max_train_minutes, scenarios_per_step=scenarios_per_step, group_size=group_size,
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
-        rank=rank, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
+        rank=rank, gradient_checkpointing=gradient_checkpointing, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
         reward_weight=reward_weight, langfuse=langfuse, zero_shot_eval=zero_shot_eval,
         seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
-        worked_examples=worked_examples,
+        worked_share=worked_share,
     )  # fmt: skip
     run_demo(config)
 

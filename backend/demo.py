@@ -9,6 +9,13 @@ number), redeploys the adapter after each step, evaluates again and prints the t
 What the base model does (bench/results.md): with no worked examples in the prompt it never
 calls a tool, so the prompt carries four; at temperature 0.7 about a third of samples then call
 the right tool and state its result, which gives GRPO groups with both successes and failures.
+Qwen2.5-Coder-0.5B calls the right tool zero-shot but then calls again on the tool's result
+instead of answering, in every sampled run: zero-shot groups alone have no success to learn
+from. So by default half of each step's groups carry the worked examples (``worked_share``),
+where it answers a quarter of the time, and what it learns there can carry over to the zero-shot
+prompt: in one 30-minute run it did within 4 steps, in another it did not (bench/results.md).
+Mixing both prompts inside a group teaches the wrong thing instead: the zero-shot rollouts, failing
+beside the successes with examples, are pushed away from calling a tool at all.
 """
 
 from __future__ import annotations
@@ -195,8 +202,23 @@ def score(trajectory: jm.Trajectory, scenario: Scenario, shaping: float = 0.0) -
         right_tool_call=float(right),
         turns=float(len(trajectory.model_turns)),
     )
-    trajectory.metadata.update(kind=scenario.kind, op=scenario.op, answer=scenario.answer)
+    trajectory.metadata.update(
+        kind=scenario.kind,
+        op=scenario.op,
+        answer=scenario.answer,
+        worked_examples=bool(asked and asked[-1] > 1),
+    )  # the question comes after the system prompt, or after the worked examples too
     return trajectory
+
+
+def worked_plan(n: int, share: float) -> list[bool]:
+    """Which of a step's ``n`` questions get the worked examples: the first ``round(n x share)``
+    (at least one of each prompt when ``share`` is strictly between 0 and 1). The questions
+    alternate sums and products, so with 4 a step and a share of 0.5 each prompt gets both."""
+    k = round(n * share)
+    if 0 < share < 1 and n >= 2:
+        k = min(max(k, 1), n - 1)
+    return [i < k for i in range(n)]
 
 
 async def rollout(
@@ -231,6 +253,10 @@ class DemoConfig:
     learning_rate: float = 5e-4
     loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = "dapo"
     rank: int = 8
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass. None: on for models other than SmolLM2: the
+    0.5B's fp32 activations for a 4096-token micro-batch take ~10 GB, which next to its vLLM
+    server ran a 24 GiB machine out of memory."""
     shaping: float = 0.0
     judge: Literal["none", "ruler"] = "none"
     """``ruler``: an LLM judge ranks each training group, and its score is the reward."""
@@ -254,9 +280,11 @@ class DemoConfig:
     root: Path | None = None
     base_model: str = "smollm2-135m"
     """An embedded alias (``journeyman model list``), a Hugging Face folder or a hub name."""
-    worked_examples: bool | None = None
-    """Train with the four worked examples in the prompt. None: only for SmolLM2, which calls no
-    tool without them; Qwen2.5 calls tools zero-shot (system prompt and tools only)."""
+    worked_share: float | None = None
+    """Share of each step's training groups with the four worked examples in the prompt; the others
+    see the system prompt and tools only (zero-shot). None: 1 for SmolLM2, which calls no tool
+    without them; 0.5 for other models: Qwen2.5 calls tools zero-shot but never answers after the
+    result there, and can learn that from the groups with examples (the module's docstring)."""
     zero_shot_eval: bool = True
     """Also evaluate with no worked examples in the prompt, sampled and greedily (the prompt that
     is not trained on, when training uses worked examples)."""
@@ -274,6 +302,7 @@ class DemoConfig:
             (self.loss in ("grpo", "dr_grpo", "dapo", "gspo", "cispo"), f"unknown loss {self.loss!r}: grpo, dr_grpo, dapo, gspo or cispo"),
             (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),
             (self.reward_weight >= 0, "reward_weight must be >= 0"),
+            (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
             (self.judge_base_url is None or self.judge_model is not None,
@@ -325,6 +354,11 @@ def summarize(groups: Sequence[jm.TrajectoryGroup]) -> dict[str, float]:
         chosen = [t.metrics.get("success", 0.0) for t in trajectories if t.metadata.get("kind") == kind]
         if chosen:
             row[f"success_{kind}"] = statistics.fmean(chosen)
+    zero_shot = [
+        t.metrics.get("success", 0.0) for t in trajectories if t.metadata.get("worked_examples") is False
+    ]
+    if zero_shot and len(zero_shot) < len(trajectories):  # a mixed step: the zero-shot prompt's own rate
+        row["success_zero_shot"] = statistics.fmean(zero_shot)
     return row
 
 
@@ -339,11 +373,10 @@ class Demo:
         self.http: httpx.AsyncClient | None = None
         self.records: Any = None
         self.console: Any = None
-        self.worked_examples = (
-            config.worked_examples
-            if config.worked_examples is not None
-            else config.base_model == "smollm2-135m"
-        )
+        share = config.worked_share
+        if share is None:  # SmolLM2 calls no tool without the worked examples
+            share = 1.0 if config.base_model == "smollm2-135m" else 0.5
+        self.worked_share = share
 
     def _llm(self, model: jm.TrainableModel, temperature: float) -> ChatOpenAI:
         assert self.http is not None
@@ -370,14 +403,21 @@ class Demo:
         return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
 
     async def _groups(
-        self, agent: Any, scenarios: Sequence[Scenario], n: int, description: str, *, after_each: Any = None
+        self,
+        agents: Sequence[Any],
+        scenarios: Sequence[Scenario],
+        n: int,
+        description: str,
+        *,
+        after_each: Any = None,
     ) -> list[jm.TrajectoryGroup]:
+        """A group of ``n`` rollouts for each scenario, by the agent in the same place."""
         return await jm.gather_trajectory_groups(
             (
                 jm.TrajectoryGroup(
                     rollout(agent, s, shaping=self.config.shaping, records=self.records) for _ in range(n)
                 )
-                for s in scenarios
+                for agent, s in zip(agents, scenarios, strict=True)
             ),
             max_exceptions=0.1,
             after_each=after_each,
@@ -391,17 +431,17 @@ class Demo:
         c = self.config
         step = await model.get_step()
         result = Evaluation(step)
-        prompts = [True, False] if c.zero_shot_eval else [self.worked_examples]
+        prompts = [True, False] if c.zero_shot_eval or 0 < self.worked_share < 1 else [self.worked_share == 1]
         for shots in prompts:
             tag = "" if shots else " (no examples)"
             sampled = await self._groups(
-                build_agent(self._llm(model, c.temperature), worked_examples=shots),
+                [build_agent(self._llm(model, c.temperature), worked_examples=shots)] * len(self.val_set),
                 self.val_set,
                 c.val_samples,
                 f"eval {label}{tag} (T={c.temperature})",
             )
             greedy = await self._groups(
-                build_agent(self._llm(model, 0.0), worked_examples=shots),
+                [build_agent(self._llm(model, 0.0), worked_examples=shots)] * len(self.val_set),
                 self.val_set,
                 1,
                 f"eval {label}{tag} (greedy)",
@@ -433,10 +473,15 @@ class Demo:
             root=c.root,
             lora=jm.LoRAConfig(rank=c.rank, alpha=2.0 * c.rank),
         )
-        train_config = jm.TrainConfig(learning_rate=c.learning_rate, loss=c.loss, seed=c.seed)
+        checkpointing = c.gradient_checkpointing
+        if checkpointing is None:
+            checkpointing = c.base_model != "smollm2-135m"
+        train_config = jm.TrainConfig(
+            learning_rate=c.learning_rate, loss=c.loss, seed=c.seed, gradient_checkpointing=checkpointing
+        )
         console.print(
             f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task "
-            f"({'with worked examples' if self.worked_examples else 'zero-shot'}) -> {model.store.path}"
+            f"({_prompt(self.worked_share)}) -> {model.store.path}"
         )
         if c.langfuse:  # fail now, not with a warning per export after vLLM started
             from journeyman.integrations.langfuse import LangfuseExporter
@@ -466,7 +511,8 @@ class Demo:
             before = await self.evaluate(model, "before")
             console.print(f"before: {_line(before)}")
             train_started = time.monotonic()
-            agent = build_agent(self._llm(model, c.temperature), worked_examples=self.worked_examples)
+            llm = self._llm(model, c.temperature)
+            agents = {shots: build_agent(llm, worked_examples=shots) for shots in (True, False)}
             # In the generated order (add, multiply, add, ...): every step sees both operations. Shuffled
             # steps of four questions were sometimes all products, and the next step called multiply for sums.
             for batch in jm.iterate_dataset(
@@ -483,7 +529,7 @@ class Demo:
                     break
                 t0 = time.monotonic()
                 groups = await self._groups(
-                    agent,
+                    [agents[shots] for shots in worked_plan(len(batch.items), self.worked_share)],
                     batch.items,
                     c.group_size,
                     f"step {batch.step + 1}/{c.steps} rollouts",
@@ -505,7 +551,12 @@ class Demo:
                 console.print(
                     f"step {result.step:>3}  success {stats.get('success', 0):.2f}  "
                     f"word {_share(stats.get('success_word'))}  valid calls {stats.get('valid_tool_call', 0):.2f}  "
-                    f"rollouts {rollout_s:.0f} s  train {time.monotonic() - t0 - rollout_s:.0f} s  "
+                    + (
+                        f"zero-shot {stats['success_zero_shot']:.2f}  "
+                        if "success_zero_shot" in stats
+                        else ""
+                    )
+                    + f"rollouts {rollout_s:.0f} s  train {time.monotonic() - t0 - rollout_s:.0f} s  "
                     f"elapsed {(time.monotonic() - train_started) / 60:.1f} min"
                 )
             train_minutes = (time.monotonic() - train_started) / 60
@@ -533,7 +584,7 @@ class Demo:
         report = {
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()},
             "name": self.name,
-            "worked_examples": self.worked_examples,
+            "worked_share": self.worked_share,
             "before": asdict(before),
             "after": asdict(after),
             "train_minutes": train_minutes,
@@ -543,6 +594,12 @@ class Demo:
         }
         (model.store.path / "demo_report.json").write_text(json.dumps(report, indent=2))
         return report
+
+
+def _prompt(worked_share: float) -> str:
+    if worked_share in (0, 1):
+        return "with worked examples" if worked_share else "zero-shot"
+    return f"{worked_share:.0%} of the groups with worked examples, the others zero-shot"
 
 
 def _line(evaluation: Evaluation) -> str:
@@ -594,6 +651,11 @@ def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     train = [(r["step"], r["rollouts/success"]) for r in rows if "rollouts/success" in r]
     if train:
         axis.plot(*zip(*train, strict=True), marker="o", label="training rollouts (new questions)")
+    zero_shot = [
+        (r["step"], r["rollouts/success_zero_shot"]) for r in rows if "rollouts/success_zero_shot" in r
+    ]
+    if zero_shot:
+        axis.plot(*zip(*zero_shot, strict=True), marker=".", label="training rollouts, no worked examples")
     for key, label, marker in [
         ("val/success", "held-out, sampled", "s"),
         ("val_greedy/success", "held-out, greedy", "^"),

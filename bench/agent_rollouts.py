@@ -7,8 +7,9 @@ length and answer length. Tokens/s counts the answer tokens the gateway recorded
 includes LangGraph and the tools.
 
 Then, with the server stopped, HF ``generate`` replays exactly those calls: the recorded prompt
-token ids, sorted by length and batched 8 at a time (left-padded, bf16, both cores), each batch
-generating as many tokens as its longest recorded answer. Only the recorded answer tokens count,
+token ids, sorted by length and batched 8 at a time (left-padded, both cores), each batch
+generating as many tokens as its longest recorded answer, in bf16 where the CPU has bf16
+instructions and float32 elsewhere (what vLLM serves in). Only the recorded answer tokens count,
 so a batch's padding and overrun are HF's cost, as they would be in a real HF rollout loop. HF
 does not run LangGraph or the tools, which favours it. Target: >= 5x HF generate.
 """
@@ -79,10 +80,13 @@ def hf_replay(model_dir: Path, calls: list[tuple[list[int], int]], threads: int 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from journeyman.backend.trainer import bf16_supported
+
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    dtype = torch.bfloat16 if bf16_supported() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     ordered = sorted((c for c in calls if c[1] > 0), key=lambda c: len(c[0]))
     start = time.perf_counter()
     with torch.inference_mode():

@@ -1,7 +1,9 @@
 """One RL step, journeyman vs TRL's GRPOTrainer, on the same model, shapes and LoRA config.
 
 A step = a group of 8 rollouts x 64 new tokens for one prompt, rewards, one optimizer step.
-Both sides use TRL's defaults where they overlap: DAPO loss, bf16, gradient checkpointing.
+Both sides use TRL's defaults where they overlap: DAPO loss, gradient checkpointing, bf16 where
+the machine computes in bf16 (float32 on CPUs without bf16 instructions, where bf16 is emulated
+and ~500x slower: both sides then run float32, as journeyman's trainer picks by itself).
 journeyman: rollouts through the gateway to vLLM (bound to its cores), the GRPO LoRA trainer,
 and the new adapter deployed back to vLLM. TRL: GRPOTrainer with HF generate inside the step.
 Each side runs in its own process (so peak memory is its own), 4 steps, the first dropped as
@@ -119,9 +121,11 @@ def trl() -> dict[str, object]:
     from trl import GRPOConfig, GRPOTrainer
 
     from journeyman.backend.models import prepare_model
+    from journeyman.backend.trainer import bf16_supported
 
     torch.set_num_threads(2)
     model_dir = prepare_model(MODEL)
+    bf16 = bf16_supported()  # the precision journeyman's trainer picks on this machine
     steps: list[float] = []
 
     class Timer(TrainerCallback):
@@ -139,9 +143,11 @@ def trl() -> dict[str, object]:
         args = GRPOConfig(
             output_dir=tmp, per_device_train_batch_size=GROUP, num_generations=GROUP, max_completion_length=TOKENS,
             generation_kwargs={"min_new_tokens": TOKENS}, learning_rate=1e-5, loss_type="dapo", max_steps=STEPS,
-            use_cpu=True, bf16=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+            use_cpu=True, bf16=bf16, report_to="none", save_strategy="no", logging_steps=1, seed=0,
         )  # fmt: skip
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16 if bf16 else torch.float32
+        )
         trainer = GRPOTrainer(
             model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(model_dir, padding_side="left"),

@@ -50,8 +50,9 @@ def multiply(a: int, b: int) -> int:
 
 
 # The 135M model calls a tool only after worked example conversations, and CrewAI writes the
-# conversation itself. So the task description carries example exchanges as ChatML turns, each
+# conversation itself. So its task description carries example exchanges as ChatML turns, each
 # user turn worded the way CrewAI words a task (tests/integration/test_crewai_capture.py).
+# Qwen2.5 calls tools zero-shot: its task is the question alone.
 _CRITERIA = (
     "\n\nThis is the expected criteria for your final answer: A number\n"
     "you MUST return the actual complete content as the final answer, not a summary."
@@ -108,8 +109,9 @@ def make_crew(model: jm.TrainableModel, question: str, args: argparse.Namespace)
         max_iter=3,
     )
     writer = crewai.Agent(role="Writer", goal="Report results", backstory="Brief.", llm=llm, max_iter=2)
+    shots = WORKED_EXAMPLES if model.base_model == "smollm2-135m" else ""
     tasks = [
-        crewai.Task(description=WORKED_EXAMPLES + question, expected_output="A number", agent=calculator),
+        crewai.Task(description=shots + question, expected_output="A number", agent=calculator),
         crewai.Task(
             description="Report the result in one sentence.", expected_output="A sentence", agent=writer
         ),

@@ -25,7 +25,7 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     store = jm.ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["before"]["step"] == 0 and report["after"]["step"] == 1
-    assert report["config"]["base_model"] == "smollm2-135m" and report["worked_examples"] is True
+    assert report["config"]["base_model"] == "smollm2-135m" and report["worked_share"] == 1.0
     for part in ("sampled", "greedy", "zero_shot", "zero_shot_sampled"):
         assert report["after"][part]["n"] == 2 and 0 <= report["after"][part].get("success", 0) <= 1
     assert store.checkpoint_steps()[-1] == 1
@@ -42,11 +42,10 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
-    """``--model qwen2.5-coder-0.5b``: Qwen calls tools with no worked examples, so it trains and
-    is evaluated on the zero-shot prompt (system prompt and tools only)."""
+def test_demo_on_qwen_trains_on_both_prompts(tmp_path: Path) -> None:
+    """``--model qwen2.5-coder-0.5b``: half of each step's groups see the worked examples, the
+    others the zero-shot prompt (system prompt and tools only); both prompts are evaluated."""
     # Served as LoRA: a merging server compiles its graphs first (minutes on 2 cores), LoRA runs eager.
-    # Only the prompt it trains on is evaluated here (the SmolLM2 test covers evaluating both).
     args = ["demo", *TINY, "--model", "qwen2.5-coder-0.5b", "--no-merge-adapters", "--no-zero-shot-eval"]
     args += ["--root", str(tmp_path)]
     result = CliRunner().invoke(app, args, catch_exceptions=False)
@@ -54,16 +53,21 @@ def test_demo_on_qwen_trains_zero_shot(tmp_path: Path) -> None:
     store = jm.ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["config"]["base_model"] == "qwen2.5-coder-0.5b" and report["after"]["step"] == 1
-    assert report["worked_examples"] is False
-    train = store.load_groups("train", 0)
-    conversations = [t.messages for g in train for t in g]
-    assert conversations and all(len(m) > 1 for m in conversations)
-    for messages in conversations:  # the system prompt, then the question: no worked example
-        assert [m.role for m in messages[:2]] == ["system", "user"]
-    turns = [turn for g in train for t in g for turn in t.model_turns]
+    assert report["worked_share"] == 0.5
+    with_examples, zero_shot = store.load_groups("train", 0)  # two questions a step: one group each
+    assert {t.metadata["worked_examples"] for t in with_examples} == {True}
+    assert {t.metadata["worked_examples"] for t in zero_shot} == {False}
+    for t in with_examples:
+        assert len(t.messages) > 17 and t.messages[1].content == "What is 12 times 7?"
+    for t in zero_shot:  # the system prompt, then the question: no worked example
+        assert [m.role for m in t.messages[:2]] == ["system", "user"] and len(t.messages) > 2
+        assert t.messages[1].content != "What is 12 times 7?"
+    turns = [turn for g in (with_examples, zero_shot) for t in g for turn in t.model_turns]
     assert turns and all(turn.is_token_exact for turn in turns)
-    assert report["after"]["zero_shot_sampled"]["n"] == 2 and report["after"]["zero_shot"]["n"] == 2
-    assert store.steps("val_zero_shot") == [0, 1] and store.steps("val") == []
+    # A mixed run evaluates both prompts, even with --no-zero-shot-eval.
+    for part in ("sampled", "greedy", "zero_shot", "zero_shot_sampled"):
+        assert report["after"][part]["n"] == 2
+    assert store.steps("val_zero_shot") == [0, 1] and store.steps("val") == [0, 1]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from journeyman.backend.demo import (
     run_demo,
     score,
     summarize,
+    worked_plan,
 )
 from journeyman.backend.vllm import free_port
 from journeyman.errors import ConfigError
@@ -125,6 +126,37 @@ def test_summarize_splits_word_problems() -> None:
     row = summarize([group])
     assert row["success"] == 0.5 and row["success_word"] == 1.0 and row["success_arithmetic"] == 0.0
     assert row["failures"] == 1 and row["n"] == 2
+    assert "success_zero_shot" not in row  # every run had the worked examples
+
+
+def test_a_zero_shot_run_is_told_apart_and_summarized_on_its_own() -> None:
+    zero_shot = jm.Trajectory(
+        conversation=[
+            {"role": "system", "content": "You are a calculator assistant."},
+            {"role": "user", "content": QUESTION.question},
+            {"type": "model_turn", "message": {"role": "assistant", "content": "1002"}},
+        ]
+    )
+    right = score(zero_shot, QUESTION)
+    worked = score(_trajectory({"role": "assistant", "content": "no idea"}), QUESTION)
+    assert right.metadata["worked_examples"] is False and worked.metadata["worked_examples"] is True
+    row = summarize([jm.TrajectoryGroup([right]), jm.TrajectoryGroup([worked])])
+    assert row["success"] == 0.5 and row["success_zero_shot"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("n", "share", "plan"),
+    [
+        (4, 0.5, [True, True, False, False]),  # both a sum and a product in each prompt
+        (4, 1.0, [True] * 4),
+        (4, 0.0, [False] * 4),
+        (2, 0.1, [True, False]),  # a share strictly between 0 and 1 gives each prompt a group
+        (2, 0.9, [True, False]),
+        (3, 0.5, [True, True, False]),
+    ],
+)
+def test_worked_plan_splits_a_step_between_the_prompts(n: int, share: float, plan: list[bool]) -> None:
+    assert worked_plan(n, share) == plan
 
 
 @pytest.mark.parametrize(
@@ -136,6 +168,7 @@ def test_summarize_splits_word_problems() -> None:
         ("judge", "gpt", "unknown judge"),
         ("judge_model", "gpt-5", "need judge='ruler'"),
         ("reward_weight", -1.0, "reward_weight must be >= 0"),
+        ("worked_share", 1.5, "worked_share must be between 0 and 1"),
     ],
 )
 def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:
