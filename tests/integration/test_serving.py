@@ -335,7 +335,9 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     gateway: GatewayThread, router: Router, model_dir: Path, tmp_path: Path
 ) -> None:
     name = "drain-check"
-    tokens = 400  # long enough to still run while the next two versions deploy (each ~0.3 s here)
+    # The request has no length to outrun: it streams until version 3 is up and it has gone on past
+    # that on name@1, then the client hangs up. (A fixed 400 tokens ended first on a faster CI host.)
+    tokens = 4000
     # Adapters are made before the request starts: making one blocks the event loop for seconds.
     a1, a2, a3 = (make_adapter(model_dir, tmp_path / f"a{v}", seed=10 + v) for v in (1, 2, 3))
     await router.deploy(name, a1, 1)
@@ -349,26 +351,37 @@ async def test_running_requests_keep_their_adapter_while_old_versions_are_unload
     )
     first = await stream.__anext__()  # the request is running on name@1
     assert router.in_flight(f"{name}@1") == 1
-    reader = asyncio.create_task(_rest(stream))  # read on, so the stream never waits for us
+    after: list[Any] = []  # chunks that came while version 3 was up
+    v3_up = asyncio.Event()
+    reader = asyncio.create_task(_read_until(stream, v3_up, after, 10))
     await router.deploy(name, a2, 2)
     third = asyncio.create_task(router.deploy(name, a3, 3))
-    new_version_while_running = False
-    while router.in_flight(f"{name}@1"):  # it can only fall: nothing new asks for name@1
+    while not reader.done():
         # No await between the check and here, so `third` cannot have moved on in between.
+        assert router.in_flight(f"{name}@1") == 1, "the request ended early; make it longer"
         assert not third.done(), "name@1 was unloaded while a request was still running on it"
-        new_version_while_running |= router.resolve(name) == (f"{name}@3", 3)
+        if router.resolve(name) == (f"{name}@3", 3):
+            v3_up.set()
         await asyncio.sleep(0.05)
-    assert new_version_while_running, "the request ended before version 3 was up; make it longer"
-    chunks = [first] + await reader
-    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
+    await reader
+    assert after, "the request ended before version 3 was up; make it longer"
+    # 10 more chunks came from name@1 while name answered as name@3
+    assert first.model == f"{name}@1" and {chunk.model for chunk in after} == {f"{name}@1"}
+    assert not third.done()  # it still waits for the request to drain
+    await stream.close()  # the client hangs up: name@1 has nothing running and goes
     await asyncio.wait_for(third, 60)
+    assert router.in_flight(f"{name}@1") == 0
     assert [served for _, served, _ in router.deployments[name].loaded] == [f"{name}@2", f"{name}@3"]
-    record = _record(gateway, first.id)
-    assert record.served_model == f"{name}@1" and len(record.choices[0].completion_token_ids or []) == tokens
+    assert router.resolve(name) == (f"{name}@3", 3)
 
 
-async def _rest(stream: Any) -> list[Any]:
-    return [chunk async for chunk in stream]
+async def _read_until(stream: Any, started: asyncio.Event, after: list[Any], count: int) -> None:
+    """Read ``stream`` on (so it never waits for us); once ``started`` is set, keep ``count`` chunks."""
+    async for chunk in stream:
+        if started.is_set():
+            after.append(chunk)
+            if len(after) == count:
+                return
 
 
 @each_family
