@@ -8,8 +8,8 @@ journeyman: rollouts through the gateway to vLLM (bound to its cores), the GRPO 
 and the new adapter deployed back to vLLM. TRL: GRPOTrainer with HF generate inside the step.
 Each side runs in its own process (so peak memory is its own), 4 steps, the first dropped as
 warm-up. Target: journeyman >= 3x faster; lower peak memory. ``--model`` picks the embedded
-model (``qwen2.5-coder-0.5b``: the merged and TRL variants only; its merged server runs eager, as
-compiling the 0.5B's graphs takes minutes on 2 cores).
+model (``qwen2.5-coder-0.5b``: with checkpointing only, the adapter served as LoRA and merged,
+and TRL; its servers run eager, as compiling the 0.5B's graphs takes minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -185,13 +185,13 @@ def measure(model: str) -> str:
         "ours_merged": {"MERGED": "1"},
         "ours_merged_no_ckpt": {"MERGED": "1", "CHECKPOINTING": "0"},
     }
-    if model != "smollm2-135m":  # minutes per variant: the one the demo runs, and TRL
-        variants = {"ours_merged": variants["ours_merged"]}
+    if model != "smollm2-135m":  # minutes per variant: the two ways of serving, and TRL
+        variants = {name: variants[name] for name in ("ours", "ours_merged")}
     results = {name: run("ours", **env) for name, env in variants.items()}
     results["trl"] = run("trl")
     median = {name: statistics.median(r["steps"][1:]) for name, r in results.items()}  # type: ignore[index]
     labels = {
-        "ours": "journeyman, gradient checkpointing on (as TRL)",
+        "ours": "journeyman, adapter served as LoRA, gradient checkpointing on (as TRL)",
         "ours_no_ckpt": "journeyman, gradient checkpointing off",
         "ours_merged": "journeyman, adapter merged into vLLM's weights, checkpointing on",
         "ours_merged_no_ckpt": "journeyman, adapter merged into vLLM's weights, checkpointing off",

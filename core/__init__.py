@@ -6,6 +6,7 @@ Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and the
 
 from typing import TYPE_CHECKING, Any
 
+from journeyman.calibration import Calibration, GroupCalibration, calibrate_judge
 from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.data import DatasetBatch, iterate_dataset
 from journeyman.errors import (
@@ -67,12 +68,14 @@ __all__ = [
     "AssistantMessage",
     "Backend",
     "BackendError",
+    "Calibration",
     "CompletionRecord",
     "ConfigError",
     "DatasetBatch",
     "Failure",
     "FunctionCall",
     "FunctionDefinition",
+    "GroupCalibration",
     "History",
     "InvalidDataError",
     "Item",
@@ -105,6 +108,7 @@ __all__ = [
     "UpstreamError",
     "UserMessage",
     "__version__",
+    "calibrate_judge",
     "gather_trajectory_groups",
     "iterate_dataset",
     "judge_trajectories",

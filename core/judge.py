@@ -109,6 +109,9 @@ class Judge:
             self.cache_dir = Path(cache_dir) if cache_dir is not None else default_root() / "judge_cache"
         self.calls = 0
         """Calls sent so far (cache hits send none)."""
+        self.prompt_tokens = 0
+        """Prompt tokens the endpoint reported for those calls (0 where it reports none)."""
+        self.completion_tokens = 0
         self._schema_rejected = False
         self._client: AsyncOpenAI | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -201,6 +204,9 @@ class Judge:
             raise JudgeCallError(
                 f"could not reach judge {self.name!r} at {self.base_url}: {error}"
             ) from error
+        if response.usage is not None:
+            self.prompt_tokens += response.usage.prompt_tokens
+            self.completion_tokens += response.usage.completion_tokens
         if not response.choices:
             raise JudgeCallError(f"judge {self.name!r} returned no choices")
         return response.choices[0].message.content or ""
@@ -212,6 +218,9 @@ class Judge:
             raise JudgeCallError(f"judge {self.name!r} did not answer within {self.timeout} s") from error
         except Exception as error:  # a chat model's own errors have no common type to sort by
             raise JudgeCallError(f"judge {self.name!r} failed: {type(error).__name__}: {error}") from error
+        usage = getattr(reply, "usage_metadata", None) or {}  # LangChain's AIMessage
+        self.prompt_tokens += int(usage.get("input_tokens", 0))
+        self.completion_tokens += int(usage.get("output_tokens", 0))
         content = getattr(reply, "content", reply)
         if isinstance(content, list):  # content parts
             return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)

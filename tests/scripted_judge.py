@@ -52,6 +52,12 @@ def reversed_ids(ids: list[str]) -> list[str]:
     return ids[::-1]
 
 
+def trajectory_texts(request: dict[str, Any]) -> dict[str, str]:
+    """What a judge request shows of each trajectory, by id, in the order shown."""
+    prompt = request["messages"][-1]["content"]
+    return dict(re.findall(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', prompt, re.DOTALL))
+
+
 @dataclass
 class ScriptedJudge:
     replies: list[Reply] = field(default_factory=list)
@@ -60,6 +66,8 @@ class ScriptedJudge:
     """Answer 400 to requests with ``response_format``, like an endpoint without structured output."""
     in_flight: int = 0
     max_in_flight: int = 0
+    respond: Callable[[dict[str, Any]], Reply] | None = None
+    """Answer every request from its body instead of from ``replies`` (a judge that reads)."""
 
     @staticmethod
     def ids(request: dict[str, Any]) -> list[str]:
@@ -76,9 +84,12 @@ class ScriptedJudge:
             if self.reject_schema and "response_format" in body:
                 error = {"message": "response_format is not supported", "type": "BadRequestError"}
                 return JSONResponse({"error": error}, status_code=400)
-            if not self.replies:
+            if self.respond is not None:
+                reply = self.respond(body)
+            elif not self.replies:
                 return JSONResponse({"error": {"message": "the script has no reply left"}}, status_code=418)
-            reply = self.replies.pop(0)
+            else:
+                reply = self.replies.pop(0)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:

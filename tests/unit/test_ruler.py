@@ -396,6 +396,7 @@ async def test_a_langchain_chat_model_as_judge(url: str, script: ScriptedJudge, 
     assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
     assert scored.metrics["judge/attempts"] == 2
     assert script.received[-1]["model"] == "lc-judge" and "response_format" not in script.received[-1]
+    assert (judge.prompt_tokens, judge.completion_tokens) == (1, 1)  # the answer's usage_metadata
     assert (await jm.ruler_score_group(group_of_4(), judge=judge)).metrics["judge/cached"] is True
 
 

@@ -1,0 +1,364 @@
+"""Judge calibration: how far a judge's ranking of a group can be trusted, before it trains a model.
+
+Give groups whose trajectories carry a known reward (a programmatic check, or labels a person
+gave) and a judge::
+
+    report = await jm.calibrate_judge(groups, judge, orders=3)
+    print(report.table())
+    report.save("calibration.json")
+    if not report.better_than_chance():
+        ...  # do not train on this judge
+
+Each group is shown to the judge in ``orders`` presentations: as given, then shuffled, each with
+another trajectory first. A trajectory's judged score is its mean over the presentations. What is
+measured, per group and over all of them:
+
+- ``pairwise_accuracy``: over pairs of trajectories whose known rewards differ, the share the judge
+  orders the same way (a tie counts half, as a coin would). Chance is 0.5.
+- ``kendall_tau``: Kendall's tau-b between the known rewards and the judged scores, per group
+  (None where either is constant), and its mean.
+- ``position_consistency``: over pairs of different trajectories, the share the judge orders the
+  same way in every presentation (its agreement with itself when only the order changes).
+- ``first_position_bias``: how much higher a trajectory scores when it is shown first than its
+  mean over all presentations. 0 for a judge that reads content only.
+- ties, failed presentations (the judge's errors, recorded and counted, never raised), judge calls,
+  seconds and tokens.
+
+No peer framework calibrates its judge; OpenPipe ART's RULER is trusted as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from journeyman.errors import ConfigError, InvalidDataError, JudgeError
+from journeyman.judge import Judge
+from journeyman.ruler import DEFAULT_RUBRIC, judge_trajectories
+from journeyman.trajectory import Trajectory, TrajectoryGroup
+
+__all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "known_reward"]
+
+
+def known_reward(trajectory: Trajectory) -> float | None:
+    """The reward a trajectory had before any judge scored it (the default truth)."""
+    value = trajectory.metrics.get("programmatic_reward", trajectory.reward)
+    return None if value is None else float(value)
+
+
+@dataclass
+class GroupCalibration:
+    """One group's calibration."""
+
+    group_id: str
+    trajectories: int
+    """Trajectories with a known reward (the others are left out)."""
+    presentations: int = 0
+    """Presentations the judge scored (``orders`` less those that failed)."""
+    pairs: int = 0
+    """Pairs whose known rewards differ."""
+    correct: int = 0
+    wrong: int = 0
+    ties: int = 0
+    """Pairs with different known rewards that the judge scored equal."""
+    kendall_tau: float | None = None
+    consistent_pairs: int = 0
+    different_pairs: int = 0
+    """Pairs of trajectories with different content: what ``position_consistency`` is counted over."""
+    first_position_bias: float | None = None
+    calls: int = 0
+    cached: int = 0
+    """Presentations answered from the judge's cache (they cost no time)."""
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+    """Why each failed presentation failed."""
+    scores: list[float] = field(default_factory=list)
+    """Each trajectory's mean judged score, in the group's order."""
+    rewards: list[float] = field(default_factory=list)
+    """Each trajectory's known reward, in the group's order."""
+
+    @property
+    def pairwise_accuracy(self) -> float | None:
+        return None if not self.pairs else (self.correct + self.ties / 2) / self.pairs
+
+    @property
+    def position_consistency(self) -> float | None:
+        return (
+            None
+            if not self.different_pairs or self.presentations < 2
+            else self.consistent_pairs / self.different_pairs
+        )
+
+
+@dataclass
+class Calibration:
+    """A judge's calibration over many groups: see the module's docstring for each measure."""
+
+    judge: str
+    orders: int
+    groups: list[GroupCalibration]
+    skipped: list[str] = field(default_factory=list)
+    """Groups left out, and why (fewer than two trajectories with a known reward)."""
+    seconds: float = 0.0
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(group, name) for group in self.groups)
+
+    @property
+    def pairs(self) -> int:
+        return self._sum("pairs")
+
+    @property
+    def correct(self) -> int:
+        return self._sum("correct")
+
+    @property
+    def wrong(self) -> int:
+        return self._sum("wrong")
+
+    @property
+    def ties(self) -> int:
+        return self._sum("ties")
+
+    @property
+    def failed(self) -> int:
+        """Presentations the judge failed to score."""
+        return sum(len(group.errors) for group in self.groups)
+
+    @property
+    def pairwise_accuracy(self) -> float | None:
+        return None if not self.pairs else (self.correct + self.ties / 2) / self.pairs
+
+    @property
+    def kendall_tau(self) -> float | None:
+        """The mean of the groups' Kendall tau-b, over the groups where it is defined."""
+        taus = [group.kendall_tau for group in self.groups if group.kendall_tau is not None]
+        return None if not taus else sum(taus) / len(taus)
+
+    @property
+    def position_consistency(self) -> float | None:
+        different = self._sum("different_pairs") if self.orders > 1 else 0
+        return None if not different else self._sum("consistent_pairs") / different
+
+    @property
+    def first_position_bias(self) -> float | None:
+        biases = [group.first_position_bias for group in self.groups if group.first_position_bias is not None]
+        return None if not biases else sum(biases) / len(biases)
+
+    @property
+    def p_value(self) -> float:
+        """The chance that a judge guessing each pair with a coin gets at least ``correct`` of
+        ``pairs`` right (ties counted as wrong, so a judge that ties everything is at chance)."""
+        n = self.pairs
+        return sum(math.comb(n, k) for k in range(self.correct, n + 1)) / 2**n if n else 1.0
+
+    def better_than_chance(self, alpha: float = 0.05) -> bool:
+        """Whether the judge ranks better than a coin, at significance ``alpha`` (one-sided sign test)."""
+        return self.p_value < alpha
+
+    def to_dict(self) -> dict[str, Any]:
+        summary = {
+            name: getattr(self, name)
+            for name in (
+                "pairs", "correct", "wrong", "ties", "failed", "pairwise_accuracy", "kendall_tau",
+                "position_consistency", "first_position_bias", "p_value",
+            )
+        }  # fmt: skip
+        groups = [
+            {
+                **asdict(group),
+                "pairwise_accuracy": group.pairwise_accuracy,
+                "position_consistency": group.position_consistency,
+            }
+            for group in self.groups
+        ]
+        return {"judge": self.judge, "orders": self.orders, "seconds": self.seconds, "summary": summary,
+                "skipped": self.skipped, "groups": groups}  # fmt: skip
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report as JSON; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    def table(self) -> str:
+        """The report as a text table: one row per group, then the totals."""
+        header = ("group", "n", "pairs", "right", "wrong", "ties", "accuracy", "tau", "consistent", "1st bias",
+                  "failed", "s", "tokens in/out")  # fmt: skip
+        rows = [
+            _row(group.group_id[:12], group, group.pairwise_accuracy, group.position_consistency)
+            for group in self.groups
+        ]
+        rows.append(_row("all", self, self.pairwise_accuracy, self.position_consistency))
+        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+        lines = [
+            "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
+            for row in [header, *rows]
+        ]
+        verdict = "better than chance" if self.better_than_chance() else "NOT better than chance"
+        lines.append(
+            f"judge {self.judge}, {self.orders} presentation(s) a group: {verdict} (sign test p = {self.p_value:.3g})"
+            + (f"; {len(self.skipped)} group(s) skipped" if self.skipped else "")
+        )
+        return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _row(name: str, source: Any, accuracy: float | None, consistency: float | None) -> tuple[str, ...]:
+    groups = source.groups if isinstance(source, Calibration) else [source]
+    failed = sum(len(group.errors) for group in groups)
+    seconds = sum(group.seconds for group in groups)
+    tokens = f"{sum(g.prompt_tokens for g in groups)}/{sum(g.completion_tokens for g in groups)}"
+    n = sum(group.trajectories for group in groups)
+    return (name, str(n), str(source.pairs), str(source.correct), str(source.wrong), str(source.ties),
+            _number(accuracy), _number(source.kendall_tau), _number(consistency), _number(source.first_position_bias),
+            str(failed), f"{seconds:.1f}", tokens)  # fmt: skip
+
+
+async def calibrate_judge(
+    groups: Iterable[TrajectoryGroup],
+    judge: Judge,
+    *,
+    orders: int = 3,
+    rubric: str = DEFAULT_RUBRIC,
+    truth: Callable[[Trajectory], float | None] = known_reward,
+    seed: int = 0,
+) -> Calibration:
+    """Judge each group in ``orders`` presentations and compare the scores with ``truth``.
+
+    ``truth`` gives each trajectory's known reward (default: its programmatic reward, kept in
+    ``metrics["programmatic_reward"]`` once a judge has scored it, else its ``reward``);
+    trajectories without one are left out. Groups are judged one after another, a group's
+    presentations at once (within ``judge.max_concurrency``), so each group's seconds are its own.
+    A presentation the judge fails (:class:`~journeyman.errors.JudgeError`) is recorded in the
+    group's ``errors`` and counted; the others still count.
+    """
+    if orders < 1:
+        raise ConfigError(f"orders must be >= 1 (presentations of each group), got {orders}")
+    report = Calibration(judge=judge.name, orders=orders, groups=[])
+    start = time.perf_counter()
+    for group in groups:
+        if not isinstance(group, TrajectoryGroup):
+            raise InvalidDataError(f"calibrate_judge takes TrajectoryGroups, got a {type(group).__name__}")
+        known = [(t, r) for t in group.trajectories if (r := truth(t)) is not None]
+        if len(known) < 2:
+            report.skipped.append(f"{group.id}: {len(known)} trajectory(ies) with a known reward, 2 needed")
+            continue
+        report.groups.append(await _calibrate_group(group.id, known, judge, orders, rubric, seed))
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def presentation_orders(n: int, orders: int, rng: random.Random) -> list[list[int]]:
+    """The given order, then shuffles, each with another trajectory first while there is one."""
+    result = [list(range(n))]
+    while len(result) < orders:
+        order = list(range(n))
+        rng.shuffle(order)
+        firsts = {o[0] for o in result}
+        if len(firsts) < n and order[0] in firsts:  # put an index not yet shown first in front
+            swap = order.index(rng.choice([i for i in range(n) if i not in firsts]))
+            order[0], order[swap] = order[swap], order[0]
+        result.append(order)
+    return result
+
+
+async def _calibrate_group(
+    group_id: str,
+    known: list[tuple[Trajectory, float]],
+    judge: Judge,
+    orders: int,
+    rubric: str,
+    seed: int,
+) -> GroupCalibration:
+    trajectories = [t for t, _ in known]
+    rewards = [r for _, r in known]
+    n = len(trajectories)
+    result = GroupCalibration(group_id, n, rewards=rewards)
+    calls, prompt_tokens, completion_tokens = judge.calls, judge.prompt_tokens, judge.completion_tokens
+    start = time.perf_counter()
+
+    async def present(order: list[int]) -> list[float] | str:
+        try:
+            judgement = await judge_trajectories([trajectories[i] for i in order], judge=judge, rubric=rubric)
+        except JudgeError as error:
+            return f"{type(error).__name__}: {error}"
+        result.cached += judgement.cached
+        scores = [0.0] * n
+        for position, index in enumerate(order):
+            scores[index] = judgement.scores[position].score
+        return scores
+
+    plans = presentation_orders(n, orders, random.Random(f"{seed}:{group_id}"))
+    answers = await asyncio.gather(*(present(order) for order in plans))
+    result.seconds = time.perf_counter() - start
+    result.calls = judge.calls - calls
+    result.prompt_tokens = judge.prompt_tokens - prompt_tokens
+    result.completion_tokens = judge.completion_tokens - completion_tokens
+    result.errors = [answer for answer in answers if isinstance(answer, str)]
+    scored = [
+        (order, answer) for order, answer in zip(plans, answers, strict=True) if not isinstance(answer, str)
+    ]
+    result.presentations = len(scored)
+    if not scored:
+        return result
+    mean = [sum(answer[i] for _, answer in scored) / len(scored) for i in range(n)]
+    result.scores = mean
+    distinct = [_content(trajectory) for trajectory in trajectories]
+    for i, j in combinations(range(n), 2):
+        if rewards[i] != rewards[j]:
+            result.pairs += 1
+            judged = (mean[i] > mean[j]) - (mean[i] < mean[j])
+            if judged == 0:
+                result.ties += 1
+            elif judged == ((rewards[i] > rewards[j]) - (rewards[i] < rewards[j])):
+                result.correct += 1
+            else:
+                result.wrong += 1
+        if distinct[i] != distinct[j]:
+            result.different_pairs += 1
+            signs = {(answer[i] > answer[j]) - (answer[i] < answer[j]) for _, answer in scored}
+            result.consistent_pairs += len(signs) == 1
+    result.kendall_tau = kendall_tau(rewards, mean)
+    if len(scored) > 1:
+        result.first_position_bias = sum(answer[order[0]] - mean[order[0]] for order, answer in scored) / len(
+            scored
+        )
+    return result
+
+
+def _content(trajectory: Trajectory) -> str:
+    """What the judge is shown of a trajectory: its histories' messages and tools."""
+    histories = [
+        [history.openai_messages(), [tool.model_dump(exclude_none=True) for tool in history.tools or []]]
+        for history in trajectory.histories
+    ]
+    return json.dumps(histories, sort_keys=True, default=str)
+
+
+def kendall_tau(x: list[float], y: list[float]) -> float | None:
+    """Kendall's tau-b of two equally long lists; None when either is constant."""
+    concordant = discordant = tied_x = tied_y = 0
+    for i, j in combinations(range(len(x)), 2):
+        dx, dy = (x[i] > x[j]) - (x[i] < x[j]), (y[i] > y[j]) - (y[i] < y[j])
+        tied_x += dx == 0
+        tied_y += dy == 0
+        concordant += dx * dy > 0
+        discordant += dx * dy < 0
+    pairs = len(x) * (len(x) - 1) // 2
+    denominator = math.sqrt((pairs - tied_x) * (pairs - tied_y))
+    return None if denominator == 0 else (concordant - discordant) / denominator

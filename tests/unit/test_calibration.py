@@ -1,0 +1,241 @@
+"""Judge calibration against scripted judges whose biases are known: the report finds each."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journeyman as jm
+from journeyman.calibration import kendall_tau, presentation_orders
+from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
+
+SYSTEM = {"role": "system", "content": "You are a calculator agent."}
+QUESTION = {"role": "user", "content": "What is 2+3?"}
+
+
+def group(qualities: list[float], seed: int = 0) -> jm.TrajectoryGroup:
+    """A group whose i-th trajectory says its quality, which is also its known reward."""
+    return jm.TrajectoryGroup(
+        [
+            jm.Trajectory(
+                conversation=[
+                    SYSTEM,
+                    QUESTION,
+                    {"role": "assistant", "content": f"attempt {seed}.{i}: quality={q}"},
+                ],
+                reward=q,
+            )
+            for i, q in enumerate(qualities)
+        ]
+    )
+
+
+def answer(request: dict[str, Any], score: Callable[[int, str, str], float]) -> Reply:
+    """A reply scoring each shown trajectory with ``score(position, id, text)``."""
+    shown = trajectory_texts(request)
+    body = {
+        id_: {"explanation": "-", "score": score(k, id_, text)} for k, (id_, text) in enumerate(shown.items())
+    }
+    return Reply(json.dumps(body))
+
+
+def quality(text: str) -> float:
+    found = re.search(r"quality=([0-9.]+)", text)
+    assert found, text
+    return float(found.group(1))
+
+
+def perfect(request: dict[str, Any]) -> Reply:
+    return answer(request, lambda _, __, text: quality(text))
+
+
+def inverted(request: dict[str, Any]) -> Reply:
+    return answer(request, lambda _, __, text: 1 - quality(text))
+
+
+def first(request: dict[str, Any]) -> Reply:
+    return answer(request, lambda position, _, __: 1.0 if position == 0 else 0.0)
+
+
+def coin(request: dict[str, Any]) -> Reply:
+    """Scores drawn from the text and the order shown, so the same request gets the same answer."""
+    prompt = request["messages"][-1]["content"]
+    return answer(
+        request,
+        lambda position, _, text: random.Random(
+            hashlib.sha256(f"{prompt}{position}{text}".encode()).digest()
+        ).random(),
+    )
+
+
+def constant(request: dict[str, Any]) -> Reply:
+    return answer(request, lambda *_: 0.5)
+
+
+@pytest.fixture
+def script() -> ScriptedJudge:
+    return ScriptedJudge()
+
+
+@pytest.fixture
+def judge(script: ScriptedJudge, tmp_path: Path) -> Iterator[jm.Judge]:
+    with running(script) as url:
+        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)
+
+
+QUALITIES = [0.0, 0.1, 0.25, 0.4, 0.5, 0.7, 0.85, 1.0]
+GROUPS = [group(random.Random(seed).sample(QUALITIES, 8), seed) for seed in range(6)]  # 6 x 28 pairs
+
+
+async def test_a_perfect_judge_ranks_every_pair_and_agrees_with_itself(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = perfect
+    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    assert (report.pairs, report.correct, report.wrong, report.ties) == (168, 168, 0, 0)
+    assert report.pairwise_accuracy == 1.0 and report.kendall_tau == pytest.approx(1.0)
+    assert report.position_consistency == 1.0 and report.first_position_bias == pytest.approx(0.0)
+    assert report.better_than_chance() and report.p_value < 1e-40
+    assert len(script.received) == 18 and report.failed == 0
+    # Each presentation puts another trajectory first.
+    firsts = {next(iter(trajectory_texts(request).values())) for request in script.received}
+    assert len(firsts) == 18
+    assert [g.calls for g in report.groups] == [3] * 6
+    assert (
+        report.groups[0].prompt_tokens == 3 and report.groups[0].completion_tokens == 3
+    )  # the script's usage
+
+
+async def test_an_inverted_judge_is_perfectly_consistent_and_perfectly_wrong(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = inverted
+    report = await jm.calibrate_judge(GROUPS, judge, orders=2)
+    assert report.pairwise_accuracy == 0.0 and report.kendall_tau == pytest.approx(-1.0)
+    assert report.position_consistency == 1.0
+    assert not report.better_than_chance() and report.p_value == 1.0
+    assert "NOT better than chance" in report.table()
+
+
+async def test_a_judge_that_prefers_the_first_trajectory_shows_its_position_bias(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = first
+    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    # Each presentation's first gets 1 and the rest 0: three trajectories average 1/3, five 0.
+    assert report.first_position_bias == pytest.approx(2 / 3)
+    # Only the pairs of never-first trajectories (10 of 28: always tied) are ordered alike each time.
+    assert report.position_consistency == pytest.approx(10 / 28)
+    # Tied: the three shown first (3 pairs, 1/3 each) and the five never first (10 pairs, 0 each).
+    assert report.ties == 6 * 13 and not report.better_than_chance()
+
+
+async def test_a_coin_ranks_at_chance(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.respond = coin
+    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    assert report.pairwise_accuracy is not None and 0.35 < report.pairwise_accuracy < 0.65
+    assert report.kendall_tau is not None and abs(report.kendall_tau) < 0.3
+    assert report.position_consistency is not None and report.position_consistency < 0.5
+    assert not report.better_than_chance()
+
+
+async def test_a_judge_that_ties_everything_is_at_chance(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.respond = constant
+    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=1)
+    assert report.ties == report.pairs == 56 and report.pairwise_accuracy == 0.5
+    assert report.kendall_tau is None  # the judged scores are constant
+    assert report.position_consistency is None  # one presentation: nothing to agree with
+    assert report.p_value == 1.0 and not report.better_than_chance()
+
+
+async def test_judge_failures_are_recorded_and_the_rest_still_count(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    seen = 0
+
+    def flaky(request: dict[str, Any]) -> Reply:
+        nonlocal seen
+        seen += 1
+        return Reply(status=500) if seen % 3 == 0 else perfect(request)
+
+    script.respond = flaky
+    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=3)
+    assert report.failed == 2 and all(len(g.errors) == 1 for g in report.groups)
+    assert "HTTP 500" in report.groups[0].errors[0]
+    assert [g.presentations for g in report.groups] == [2, 2]
+    assert report.pairwise_accuracy == 1.0  # from the presentations that were scored
+
+
+async def test_groups_without_two_known_rewards_are_skipped_and_said_why(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = perfect
+    unknown = group([0.0, 1.0, 0.5])
+    for trajectory in unknown.trajectories[1:]:
+        trajectory.reward = None
+    report = await jm.calibrate_judge([unknown, GROUPS[0]], judge, orders=1)
+    assert len(report.groups) == 1 and report.skipped == [
+        f"{unknown.id}: 1 trajectory(ies) with a known reward, 2 needed"
+    ]
+    # A known reward kept by an earlier judging counts, the judge's reward does not.
+    judged = GROUPS[0].model_copy(deep=True)
+    for trajectory in judged.trajectories:
+        trajectory.metrics["programmatic_reward"], trajectory.reward = trajectory.reward, 0.5
+    assert (await jm.calibrate_judge([judged], judge, orders=1)).pairwise_accuracy == 1.0
+    # Labels a person gave, as the truth instead.
+    labels = {t.id: 1.0 - float(t.reward or 0) for t in GROUPS[0].trajectories}
+    assert (
+        await jm.calibrate_judge([GROUPS[0]], judge, orders=1, truth=lambda t: labels[t.id])
+    ).pairwise_accuracy == 0.0
+
+
+async def test_the_report_saves_as_json_with_each_group(
+    script: ScriptedJudge, judge: jm.Judge, tmp_path: Path
+) -> None:
+    script.respond = perfect
+    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=2)
+    data = json.loads(report.save(tmp_path / "out" / "calibration.json").read_text())
+    assert data["judge"] == "judge" and data["orders"] == 2
+    assert data["summary"]["pairwise_accuracy"] == 1.0 and data["summary"]["pairs"] == 56
+    assert [g["group_id"] for g in data["groups"]] == [g.id for g in GROUPS[:2]]
+    assert data["groups"][0]["rewards"] == [t.reward for t in GROUPS[0].trajectories]
+    assert data["groups"][0]["scores"] == data["groups"][0]["rewards"]  # a perfect judge's mean scores
+    lines = report.table().splitlines()
+    assert lines[0].split()[:3] == ["group", "n", "pairs"] and lines[-2].split()[0] == "all"
+
+
+async def test_cached_presentations_are_counted(script: ScriptedJudge, tmp_path: Path) -> None:
+    script.respond = perfect
+    with running(script) as url:
+        judge = jm.Judge("judge", base_url=url, max_retries=0, cache_dir=tmp_path / "cache")
+        await jm.calibrate_judge(GROUPS[:1], judge, orders=3)
+        again = await jm.calibrate_judge(GROUPS[:1], judge, orders=3)
+    assert again.groups[0].cached == 3 and again.groups[0].calls == 0 and len(script.received) == 3
+
+
+async def test_bad_arguments_get_a_clear_error(judge: jm.Judge) -> None:
+    with pytest.raises(jm.ConfigError, match="orders must be >= 1"):
+        await jm.calibrate_judge(GROUPS, judge, orders=0)
+    with pytest.raises(jm.InvalidDataError, match="takes TrajectoryGroups, got a list"):
+        await jm.calibrate_judge([GROUPS[0].trajectories], judge)  # type: ignore[list-item]
+
+
+def test_presentations_put_each_trajectory_first_until_all_have_been() -> None:
+    rng = random.Random(1)
+    plans = presentation_orders(4, 6, rng)
+    assert plans[0] == [0, 1, 2, 3] and all(sorted(p) == [0, 1, 2, 3] for p in plans)
+    assert {p[0] for p in plans[:4]} == {0, 1, 2, 3}
+
+
+def test_kendall_tau_b_matches_its_definition() -> None:
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 6**0.5)  # scipy.stats.kendalltau: 0.8165
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) is None
