@@ -26,6 +26,8 @@ checkpoints_app = typer.Typer(help="A model's checkpoints: list, prune.", no_arg
 app.add_typer(checkpoints_app, name="checkpoints")
 trajectories_app = typer.Typer(help="Stored trajectories: show them readably.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
+judge_app = typer.Typer(help="LLM judges: calibrate one on stored groups.", no_args_is_help=True)
+app.add_typer(judge_app, name="judge")
 
 Root = Annotated[Path | None, typer.Option(help="Store root (default: $JOURNEYMAN_ROOT or ./.journeyman).")]
 
@@ -331,6 +333,92 @@ def trajectories_show(
                 console.print(f"[dim]log: {escape(line)}[/dim]")
         for failure in group.failures:
             console.print(f"[red]failure ({failure.stage}): {failure.type}: {escape(failure.message)}[/red]")
+
+
+@judge_app.command("calibrate")
+def judge_calibrate(
+    project: str,
+    model: str,
+    judge_model: Annotated[str, typer.Option(help="The judge's model name at --judge-base-url.")],
+    judge_base_url: Annotated[
+        str,
+        typer.Option(
+            help="OpenAI-compatible endpoint of the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."
+        ),
+    ],
+    split: Annotated[str, typer.Option(help="train, val, ...")] = "train",
+    step: Annotated[
+        list[int] | None, typer.Option(help="Step to read (repeatable; default: every stored step).")
+    ] = None,
+    max_groups: Annotated[int | None, typer.Option(help="Calibrate on at most this many groups.")] = None,
+    orders: Annotated[int, typer.Option(help="Presentations of each group, each in another order.")] = 3,
+    labels: Annotated[
+        Path | None,
+        typer.Option(
+            help='JSONL of {"trajectory_id": ..., "reward": ...}: the truth instead of the stored rewards.'
+        ),
+    ] = None,
+    rubric: Annotated[Path | None, typer.Option(help="A file holding the rubric (default: RULER's).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="JSON report (default: <model folder>/calibration/<judge>.json).")
+    ] = None,
+    fail_at_chance: Annotated[
+        bool, typer.Option(help="Exit with status 2 when the judge ranks no better than chance.")
+    ] = False,
+    root: Root = None,
+) -> None:
+    """How well a judge ranks stored groups against their known rewards (or your labels)."""
+    import asyncio
+    import os
+
+    import journeyman as jm
+    from journeyman.calibration import known_reward
+
+    store = ModelStore(project, model, root=root)
+    steps = step or store.steps(split)
+    if not steps:
+        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
+    groups = [group for chosen in steps for group in store.load_groups(split, chosen)][:max_groups]
+    given = _read_labels(labels) if labels is not None else None
+
+    def truth(trajectory: jm.Trajectory) -> float | None:
+        return known_reward(trajectory) if given is None else given.get(trajectory.id)
+
+    key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    text = rubric.read_text() if rubric is not None else jm.DEFAULT_RUBRIC
+
+    async def calibrate() -> jm.Calibration:
+        judge = jm.Judge(
+            judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache"
+        )
+        async with judge:
+            return await jm.calibrate_judge(groups, judge, orders=orders, rubric=text, truth=truth)
+
+    with Console(stderr=True).status(
+        f"judging {len(groups)} groups x {orders} presentations with {judge_model}"
+    ):
+        report = asyncio.run(calibrate())
+    typer.echo(report.table())
+    path = report.save(out or store.path / "calibration" / f"{judge_model.replace('/', '_')}.json")
+    typer.echo(f"report: {path}")
+    if fail_at_chance and not report.better_than_chance():
+        raise typer.Exit(2)
+
+
+def _read_labels(path: Path) -> dict[str, float]:
+    """Trajectory id -> reward, from a JSONL file; an error names the line that is wrong."""
+    labels = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            labels[str(row["trajectory_id"])] = float(row["reward"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise JourneymanError(
+                f'{path}, line {number}: expected {{"trajectory_id": "...", "reward": <number>}} ({error!r})'
+            ) from None
+    return labels
 
 
 def plot_history(rows: list[dict[str, object]], out: Path, title: str = "") -> Path:

@@ -239,3 +239,46 @@ def test_kendall_tau_b_matches_its_definition() -> None:
     assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 6**0.5)  # scipy.stats.kendalltau: 0.8165
     assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert kendall_tau([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
+    script: ScriptedJudge, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from journeyman.backend.cli import app
+
+    store = jm.ModelStore("demo", "agent", root=tmp_path)
+    store.save_groups(GROUPS[:2], "train", 1)
+    store.save_groups(GROUPS[2:3], "train", 2)
+    runner = CliRunner()
+    with running(script) as url:
+        args = ["judge", "calibrate", "demo", "agent", "--judge-model", "judge", "--judge-base-url", url,
+                "--orders", "2", "--root", str(tmp_path)]  # fmt: skip
+        script.respond = perfect
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "better than chance" in result.output and "NOT" not in result.output
+        data = json.loads((store.path / "calibration" / "judge.json").read_text())
+        assert data["summary"]["pairs"] == 3 * 28 and data["summary"]["pairwise_accuracy"] == 1.0
+        assert len(script.received) == 6
+
+        result = runner.invoke(
+            app, [*args, "--step", "2", "--fail-at-chance", "--out", str(tmp_path / "r.json")]
+        )
+        assert (
+            result.exit_code == 0 and json.loads((tmp_path / "r.json").read_text())["summary"]["pairs"] == 28
+        )
+
+        labels = tmp_path / "labels.jsonl"  # a person's labels, the reverse of the stored rewards
+        labels.write_text(
+            "".join(json.dumps({"trajectory_id": t.id, "reward": -(t.reward or 0)}) + "\n" for t in GROUPS[2])
+        )
+        result = runner.invoke(app, [*args, "--step", "2", "--labels", str(labels), "--fail-at-chance"])
+        assert result.exit_code == 2 and "NOT better than chance" in result.output
+
+        labels.write_text('{"trajectory_id": "x"}\n')
+        result = runner.invoke(app, [*args, "--labels", str(labels)])
+        assert isinstance(result.exception, jm.JourneymanError) and "labels.jsonl, line 1" in str(
+            result.exception
+        )
