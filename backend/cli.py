@@ -351,7 +351,13 @@ def judge_calibrate(
         list[int] | None, typer.Option(help="Step to read (repeatable; default: every stored step).")
     ] = None,
     max_groups: Annotated[int | None, typer.Option(help="Calibrate on at most this many groups.")] = None,
-    orders: Annotated[int, typer.Option(help="Presentations of each group, each in another order.")] = 3,
+    method: Annotated[
+        str, typer.Option(help="scores (RULER: the group in one prompt) or verdict (P(yes) per trajectory).")
+    ] = "scores",
+    orders: Annotated[
+        int | None,
+        typer.Option(help="Presentations of each group, each in another order (default: 3, verdict 1)."),
+    ] = None,
     labels: Annotated[
         Path | None,
         typer.Option(
@@ -373,6 +379,7 @@ def judge_calibrate(
 
     import journeyman as jm
     from journeyman.calibration import known_reward
+    from journeyman.ruler import Method
 
     store = ModelStore(project, model, root=root)
     steps = step or store.steps(split)
@@ -385,14 +392,19 @@ def judge_calibrate(
         return known_reward(trajectory) if given is None else given.get(trajectory.id)
 
     key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    text = rubric.read_text() if rubric is not None else jm.DEFAULT_RUBRIC
+    text = rubric.read_text() if rubric is not None else None
+    if method not in ("scores", "verdict"):
+        raise typer.BadParameter(f"--method must be scores or verdict, got {method!r}")
 
     async def calibrate() -> jm.Calibration:
         judge = jm.Judge(
             judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache"
         )
         async with judge:
-            return await jm.calibrate_judge(groups, judge, orders=orders, rubric=text, truth=truth)
+            chosen: Method = "verdict" if method == "verdict" else "scores"
+            return await jm.calibrate_judge(
+                groups, judge, orders=orders, rubric=text, method=chosen, truth=truth
+            )
 
     with Console(stderr=True).status(
         f"judging {len(groups)} groups x {orders} presentations with {judge_model}"

@@ -22,6 +22,7 @@ from typing import Any
 
 from journeyman.config import TrainConfig
 from journeyman.errors import ConfigError, ModelPreparationError
+from journeyman.judge import Judge
 from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
@@ -98,6 +99,8 @@ class LocalBackend:
         one. On CPU the cores are split between them; on CUDA each gets its own GPUs."""
         self.inference = inference
         """False on a trainer-only machine: no local vLLM, each step goes to ``push_to``."""
+        self.judge_servers: dict[str, VLLMServer] = {}
+        """Judge models served by :meth:`start_judge`, by name; stopped with the backend."""
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -208,6 +211,35 @@ class LocalBackend:
         base_url = f"{self.gateway.base_url}/v1" if self.gateway is not None else ""
         return Registration(base_url=base_url, api_key="local", step=trainer.step)
 
+    async def start_judge(
+        self, model: str, *, vllm: VLLMConfig | None = None, cores: str | None = None, **judge: Any
+    ) -> Judge:
+        """Serve ``model`` (an embedded alias, a folder or a hub name) as a judge beside the policy,
+        on a vLLM server of its own (base weights, no LoRA, no tools), and return a :class:`Judge`
+        that calls it; ``judge`` holds further :class:`Judge` arguments. The server is stopped with
+        the backend. Judging, rollouts and training take turns, so by default it is bound to the
+        same cores as the policy's server (``cores`` splits them otherwise). On CPU it runs eager:
+        a judge reads far more than it writes, and compiling its graphs takes minutes.
+        """
+        if model in self.judge_servers:
+            server = self.judge_servers[model]
+        else:
+            base = await asyncio.to_thread(resolve_base_model, model)
+            config = vllm or VLLMConfig(
+                model=base, served_name="judge", enable_lora=False, tool_parser=None, max_model_len=8192,
+                kv_cache_gib=2.0, extra_args=() if cuda_available() else ("--enforce-eager",),
+            )  # fmt: skip
+            config = replace(config, model=base, cpu_cores=cores or self.vllm_cores, reserved_cpus=0)
+            server = VLLMServer(config, log_path=self.root / "logs" / f"judge-{Path(str(model)).name}.log")
+            server.launch()
+            try:
+                await asyncio.to_thread(server.wait_healthy)
+            except BaseException:
+                server.stop()
+                raise
+            self.judge_servers[model] = server
+        return Judge(server.config.served_name, base_url=f"{server.base_url}/v1", **judge)
+
     async def deploy_adapter(self, name: str, base_model: str, adapter_dir: Path, step: int) -> str:
         """Serve an adapter trained elsewhere as ``name@step`` (and ``name``); start vLLM if needed."""
         base = await asyncio.to_thread(resolve_base_model, base_model)
@@ -255,6 +287,9 @@ class LocalBackend:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        for server in self.judge_servers.values():
+            server.stop()
+        self.judge_servers.clear()
         self._trainers.clear()
 
 

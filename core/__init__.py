@@ -42,7 +42,15 @@ from journeyman.messages import (
 from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
 from journeyman.records import CompletionRecord
 from journeyman.remote import RemoteBackend
-from journeyman.ruler import DEFAULT_RUBRIC, Judgement, Score, judge_trajectories, ruler, ruler_score_group
+from journeyman.ruler import (
+    DEFAULT_RUBRIC,
+    DEFAULT_VERDICT_RUBRIC,
+    Judgement,
+    Score,
+    judge_trajectories,
+    ruler,
+    ruler_score_group,
+)
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
@@ -63,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_RUBRIC",
+    "DEFAULT_VERDICT_RUBRIC",
     "AdapterError",
     "AnyMessage",
     "AssistantMessage",

@@ -42,7 +42,7 @@ from typing import Any
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
-from journeyman.ruler import DEFAULT_RUBRIC, judge_trajectories
+from journeyman.ruler import Method, judge_trajectories
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "known_reward"]
@@ -107,6 +107,7 @@ class Calibration:
     judge: str
     orders: int
     groups: list[GroupCalibration]
+    method: Method = "scores"
     skipped: list[str] = field(default_factory=list)
     """Groups left out, and why (fewer than two trajectories with a known reward)."""
     seconds: float = 0.0
@@ -182,7 +183,7 @@ class Calibration:
             }
             for group in self.groups
         ]
-        return {"judge": self.judge, "orders": self.orders, "seconds": self.seconds, "summary": summary,
+        return {"judge": self.judge, "method": self.method, "orders": self.orders, "seconds": self.seconds, "summary": summary,
                 "skipped": self.skipped, "groups": groups}  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
@@ -208,7 +209,7 @@ class Calibration:
         ]
         verdict = "better than chance" if self.better_than_chance() else "NOT better than chance"
         lines.append(
-            f"judge {self.judge}, {self.orders} presentation(s) a group: {verdict} (sign test p = {self.p_value:.3g})"
+            f"judge {self.judge} ({self.method}), {self.orders} presentation(s) a group: {verdict} (sign test p = {self.p_value:.3g})"
             + (f"; {len(self.skipped)} group(s) skipped" if self.skipped else "")
         )
         return "\n".join(lines)
@@ -233,12 +234,17 @@ async def calibrate_judge(
     groups: Iterable[TrajectoryGroup],
     judge: Judge,
     *,
-    orders: int = 3,
-    rubric: str = DEFAULT_RUBRIC,
+    orders: int | None = None,
+    rubric: str | None = None,
+    method: Method = "scores",
     truth: Callable[[Trajectory], float | None] = known_reward,
     seed: int = 0,
 ) -> Calibration:
     """Judge each group in ``orders`` presentations and compare the scores with ``truth``.
+
+    ``method`` and ``rubric`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
+    defaults to 3 for ``scores``, 1 for ``verdict``, which judges each trajectory alone (where
+    order cannot matter).
 
     ``truth`` gives each trajectory's known reward (default: its programmatic reward, kept in
     ``metrics["programmatic_reward"]`` once a judge has scored it, else its ``reward``);
@@ -247,9 +253,11 @@ async def calibrate_judge(
     A presentation the judge fails (:class:`~journeyman.errors.JudgeError`) is recorded in the
     group's ``errors`` and counted; the others still count.
     """
+    if orders is None:
+        orders = 3 if method == "scores" else 1
     if orders < 1:
         raise ConfigError(f"orders must be >= 1 (presentations of each group), got {orders}")
-    report = Calibration(judge=judge.name, orders=orders, groups=[])
+    report = Calibration(judge=judge.name, orders=orders, groups=[], method=method)
     start = time.perf_counter()
     for group in groups:
         if not isinstance(group, TrajectoryGroup):
@@ -258,7 +266,7 @@ async def calibrate_judge(
         if len(known) < 2:
             report.skipped.append(f"{group.id}: {len(known)} trajectory(ies) with a known reward, 2 needed")
             continue
-        report.groups.append(await _calibrate_group(group.id, known, judge, orders, rubric, seed))
+        report.groups.append(await _calibrate_group(group.id, known, judge, orders, rubric, method, seed))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -282,7 +290,8 @@ async def _calibrate_group(
     known: list[tuple[Trajectory, float]],
     judge: Judge,
     orders: int,
-    rubric: str,
+    rubric: str | None,
+    method: Method,
     seed: int,
 ) -> GroupCalibration:
     trajectories = [t for t, _ in known]
@@ -294,7 +303,8 @@ async def _calibrate_group(
 
     async def present(order: list[int]) -> list[float] | str:
         try:
-            judgement = await judge_trajectories([trajectories[i] for i in order], judge=judge, rubric=rubric)
+            shown = [trajectories[i] for i in order]
+            judgement = await judge_trajectories(shown, judge=judge, rubric=rubric, method=method)
         except JudgeError as error:
             return f"{type(error).__name__}: {error}"
         result.cached += judgement.cached

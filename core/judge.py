@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -174,13 +175,10 @@ class Judge:
                 "json_schema": {"name": "judgement", "schema": schema, "strict": True},
             }
         try:
-            response = await self.client.chat.completions.create(**request)
+            response = await self._send(
+                request, bad_request_ok=schema is not None and self.structured_output == "auto"
+            )
         except openai.BadRequestError as error:
-            if schema is None or self.structured_output != "auto":
-                raise JudgeError(
-                    f"judge {self.name!r} refused the request: {error}. Check the Judge's model, temperature, "
-                    "max_tokens and structured_output settings against what the endpoint accepts."
-                ) from error
             text = await self._complete_openai(
                 messages, None, None
             )  # if this fails too, the schema was not why
@@ -189,6 +187,55 @@ class Judge:
             )
             self._schema_rejected = True
             return text
+        return response.choices[0].message.content or ""
+
+    async def verdict(
+        self, messages: list[dict[str, str]], answers: tuple[str, ...] = ("yes", "no")
+    ) -> dict[str, float]:
+        """The probability of each of ``answers`` as the first token of the judge's reply.
+
+        One prompt pass and one sampled token: read from the 20 likeliest first tokens, case and
+        spaces ignored (``Yes``, `` yes`` and ``yes`` all count as ``yes``). An answer not among
+        them gets 0. Needs an OpenAI-compatible endpoint that returns ``top_logprobs`` (vLLM does).
+        """
+        if self.chat_model is not None:
+            raise ConfigError(
+                "verdict scoring reads the logprobs of the reply's first token, which a LangChain chat model "
+                "does not return: give the Judge base_url and model (an OpenAI-compatible endpoint)"
+            )
+        request = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0,
+                   "logprobs": True, "top_logprobs": 20}  # fmt: skip
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        async with self._semaphore:
+            self.calls += 1
+            response = await self._send(request)
+        logprobs = response.choices[0].logprobs
+        if logprobs is None or not logprobs.content:
+            raise JudgeError(
+                f"judge {self.name!r} returned no logprobs: verdict scoring needs an endpoint that returns "
+                "top_logprobs for chat completions (vLLM does), or method='scores'"
+            )
+        mass = dict.fromkeys(answers, 0.0)
+        for entry in logprobs.content[0].top_logprobs:
+            word = entry.token.strip().lower()
+            if word in mass:
+                mass[word] += math.exp(entry.logprob)
+        return mass
+
+    async def _send(self, request: dict[str, Any], *, bad_request_ok: bool = False) -> Any:
+        """One chat completion, its errors sorted into retried and not; counts its tokens."""
+        import openai
+
+        try:
+            response = await self.client.chat.completions.create(**request)
+        except openai.BadRequestError as error:
+            if bad_request_ok:
+                raise
+            raise JudgeError(
+                f"judge {self.name!r} refused the request: {error}. Check the Judge's model, temperature, "
+                "max_tokens and structured_output settings against what the endpoint accepts."
+            ) from error
         except openai.APIStatusError as error:
             if error.status_code >= 500 or error.status_code in _RETRIED_STATUS:
                 raise JudgeCallError(
@@ -209,7 +256,7 @@ class Judge:
             self.completion_tokens += response.usage.completion_tokens
         if not response.choices:
             raise JudgeCallError(f"judge {self.name!r} returned no choices")
-        return response.choices[0].message.content or ""
+        return response
 
     async def _complete_chat_model(self, messages: list[dict[str, str]]) -> str:
         try:

@@ -44,14 +44,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge, JudgeCallError
 from journeyman.messages import Item, Tool
 from journeyman.trajectory import History, Trajectory, TrajectoryGroup
 
-__all__ = ["DEFAULT_RUBRIC", "Judgement", "Score", "judge_trajectories", "ruler", "ruler_score_group"]
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "DEFAULT_VERDICT_RUBRIC",
+    "Judgement",
+    "Method",
+    "Score",
+    "judge_trajectories",
+    "ruler",
+    "ruler_score_group",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +82,26 @@ Grading standards:
 Reply with one JSON object that has one key per trajectory id, each mapping to \
 {{"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}}. \
 Use every id exactly once and no other keys."""
+
+DEFAULT_VERDICT_RUBRIC = """\
+- The agent achieved the goal only if its final answer does what the user asked, correctly and completely.
+- An attempt that ends without a final answer, or whose answer is wrong, did not achieve it."""
+
+_VERDICT_SYSTEM = """\
+You check the work of an AI agent. Below is one attempt at a task; infer the task and what success \
+means from the conversation.
+
+Standards:
+{rubric}
+
+Answer with one word: yes if the agent achieved the goal, no if it did not."""
+
+_VERDICT_QUESTION = "Did the agent achieve the goal? Answer yes or no."
+
+Method = Literal["scores", "verdict"]
+"""How the judge scores: ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
+written out) or ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
+token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache)."""
 
 _CACHE_VERSION = 1
 _ENTRY_TOKENS = 48
@@ -136,16 +165,18 @@ async def ruler(
     trajectories: Sequence[TrajectoryLike],
     *,
     judge: Judge,
-    rubric: str = DEFAULT_RUBRIC,
+    rubric: str | None = None,
     tools: Sequence[Tool | dict[str, Any]] | None = None,
+    method: Method = "scores",
 ) -> list[Score]:
     """Score trajectories of the same task side by side; one :class:`Score` each, in order.
 
     ``tools`` are the schemas the agent had, for trajectories given as message lists (a
-    :class:`Trajectory` carries its own). Raises :class:`JudgeError` when the judge gives no
-    valid scores after its retries.
+    :class:`Trajectory` carries its own). ``rubric`` defaults to the method's own
+    (:data:`DEFAULT_RUBRIC`, :data:`DEFAULT_VERDICT_RUBRIC`). Raises :class:`JudgeError` when the
+    judge gives no valid scores after its retries.
     """
-    judgement = await judge_trajectories(trajectories, judge=judge, rubric=rubric, tools=tools)
+    judgement = await judge_trajectories(trajectories, judge=judge, rubric=rubric, tools=tools, method=method)
     return judgement.scores
 
 
@@ -153,10 +184,11 @@ async def ruler_score_group(
     group: TrajectoryGroup,
     *,
     judge: Judge,
-    rubric: str = DEFAULT_RUBRIC,
+    rubric: str | None = None,
     judge_weight: float = 1.0,
     reward_weight: float = 0.0,
     fallback: float | None = None,
+    method: Method = "scores",
 ) -> TrajectoryGroup:
     """A copy of ``group`` with each trajectory's reward set from the judge's score.
 
@@ -198,7 +230,7 @@ async def ruler_score_group(
                     f"{len(missing)} of {len(scored)} have none ({', '.join(missing[:3])}): set the reward in "
                     "the rollout, or use reward_weight=0"
                 )
-        judgement = await judge_trajectories(scored.trajectories, judge=judge, rubric=rubric)
+        judgement = await judge_trajectories(scored.trajectories, judge=judge, rubric=rubric, method=method)
     except Exception as error:
         failure = scored.record_failure(error, stage="judge")
         scored.metrics.update({"judge/failed": 1, "judge/seconds": time.perf_counter() - start})
@@ -254,12 +286,17 @@ async def judge_trajectories(
     trajectories: Sequence[TrajectoryLike],
     *,
     judge: Judge,
-    rubric: str = DEFAULT_RUBRIC,
+    rubric: str | None = None,
     tools: Sequence[Tool | dict[str, Any]] | None = None,
+    method: Method = "scores",
 ) -> Judgement:
     """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
+    if method not in ("scores", "verdict"):
+        raise ConfigError(f"method must be 'scores' or 'verdict', got {method!r}")
     if not trajectories:
         return Judgement(scores=[], judge=judge.name, distinct=0)
+    if rubric is None:
+        rubric = DEFAULT_RUBRIC if method == "scores" else DEFAULT_VERDICT_RUBRIC
     tool_dicts = [_tool_dict(tool) for tool in tools] if tools is not None else None
     conversations = [_conversations(item, tool_dicts) for item in trajectories]
     keys = [json.dumps([c.__dict__ for c in convs], sort_keys=True) for convs in conversations]
@@ -268,6 +305,11 @@ async def judge_trajectories(
         labels.setdefault(key, str(len(labels) + 1))
     ids = list(labels.values())
     unique = [conversations[keys.index(key)] for key in labels]
+    if method == "verdict":
+        judgement = await _verdicts(judge, unique, rubric)
+        by_label = dict(zip(ids, judgement.scores, strict=True))
+        judgement.scores = [by_label[labels[key]] for key in keys]
+        return judgement
     messages = _prompt(unique, ids, rubric)
 
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
@@ -307,6 +349,47 @@ async def _ask(
         + "; ".join(judgement.retries)
         + ". Check that the judge model can follow the JSON format, or raise Judge(max_retries=..., timeout=...)"
     )
+
+
+async def _verdicts(judge: Judge, unique: list[list[_Conversation]], rubric: str) -> Judgement:
+    """Each distinct trajectory judged alone: its score is P(yes) / (P(yes) + P(no))."""
+    judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
+    prompts = _verdict_prompts(unique, rubric)
+
+    async def one(messages: list[dict[str, str]]) -> tuple[Score, int]:
+        path = _cache_path(judge, messages)
+        cached = _read_cache(path, ["verdict"]) if path is not None else None
+        if cached is not None:
+            return cached["verdict"], 0
+        for attempt in range(1, judge.max_retries + 2):
+            try:
+                mass = await judge.verdict(messages)
+                break
+            except JudgeCallError as error:
+                judgement.retries.append(f"attempt {attempt}: {error}")
+                if attempt > judge.max_retries:
+                    raise JudgeError(
+                        f"judge {judge.name!r} gave no verdict in {attempt} attempts: "
+                        + "; ".join(judgement.retries)
+                    ) from error
+                await asyncio.sleep(judge.retry_delay * 2 ** (attempt - 1))
+        total = mass["yes"] + mass["no"]
+        if total == 0:  # at temperature 0, asking again gets the same answer
+            raise JudgeError(
+                f"judge {judge.name!r} put neither 'yes' nor 'no' among its 20 likeliest first tokens: it does "
+                "not follow the verdict prompt; try another judge model or method='scores'"
+            )
+        p = mass["yes"] / total
+        score = Score(p, f"P(yes) = {p:.3f} (yes {mass['yes']:.3g}, no {mass['no']:.3g})", p)
+        if path is not None:
+            _write_cache(path, {"verdict": score})
+        return score, attempt
+
+    results = await asyncio.gather(*(one(messages) for messages in prompts))
+    judgement.scores = [score for score, _ in results]
+    judgement.attempts = sum(attempts for _, attempts in results)
+    judgement.cached = all(attempts == 0 for _, attempts in results)
+    return judgement
 
 
 # The prompt -------------------------------------------------------------------------------------
@@ -357,33 +440,57 @@ def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
     return shared
 
 
-def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> list[dict[str, str]]:
+def _layout(unique: list[list[_Conversation]]) -> tuple[int, bool, list[str]]:
+    """What every trajectory shares: the number of leading messages, whether the tools, and the
+    parts that show them once (``<context>``, ``<available_tools>``)."""
     mains = [conversations[0].messages for conversations in unique]
     shared = _shared_prefix(mains) if len(unique) > 1 else 0
     tool_lists = [c.tools for conversations in unique for c in conversations]
     tools_shared = all(tools == tool_lists[0] for tools in tool_lists)
-
-    parts = []
+    head = []
     if shared:
-        parts.append(f"<context>\n{_json(mains[0][:shared])}\n</context>")
+        head.append(f"<context>\n{_json(mains[0][:shared])}\n</context>")
     if tools_shared and tool_lists[0]:
-        parts.append(f"<available_tools>\n{_json(tool_lists[0])}\n</available_tools>")
+        head.append(f"<available_tools>\n{_json(tool_lists[0])}\n</available_tools>")
+    return shared, tools_shared, head
+
+
+def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -> str:
+    """One trajectory's histories, less what every trajectory shares."""
+    body = []
+    for k, conversation in enumerate(conversations):
+        text = _json(conversation.messages[shared:] if k == 0 else conversation.messages)
+        if not tools_shared and conversation.tools:
+            text = f"<tools>{_json(conversation.tools)}</tools>\n{text}"
+        if len(conversations) > 1:
+            name = conversation.name or ("main" if k == 0 else f"history {k}")
+            text = f'<history name="{name}">\n{text}\n</history>'
+        body.append(text)
+    return "\n".join(body)
+
+
+def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> list[dict[str, str]]:
+    shared, tools_shared, parts = _layout(unique)
     parts.append("Trajectories:")
     for id_, conversations in zip(ids, unique, strict=True):
-        body = []
-        for k, conversation in enumerate(conversations):
-            text = _json(conversation.messages[shared:] if k == 0 else conversation.messages)
-            if not tools_shared and conversation.tools:
-                text = f"<tools>{_json(conversation.tools)}</tools>\n{text}"
-            if len(conversations) > 1:
-                name = conversation.name or ("main" if k == 0 else f"history {k}")
-                text = f'<history name="{name}">\n{text}\n</history>'
-            body.append(text)
-        parts.append(f'<trajectory id="{id_}">\n' + "\n".join(body) + "\n</trajectory>")
+        parts.append(f'<trajectory id="{id_}">\n{_body(conversations, shared, tools_shared)}\n</trajectory>')
     return [
         {"role": "system", "content": _SYSTEM.format(rubric=rubric.strip())},
         {"role": "user", "content": "\n".join(parts)},
     ]
+
+
+def _verdict_prompts(unique: list[list[_Conversation]], rubric: str) -> list[list[dict[str, str]]]:
+    """One prompt per trajectory, all starting alike (system, shared context, tools), so a server
+    with prefix caching reads that start once."""
+    shared, tools_shared, head = _layout(unique)
+    system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip())}
+    return [
+        [system, {"role": "user", "content": "\n".join(
+            [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>", _VERDICT_QUESTION]
+        )}]
+        for conversations in unique
+    ]  # fmt: skip
 
 
 def _schema(ids: list[str], explanation_max_chars: int | None) -> dict[str, Any]:

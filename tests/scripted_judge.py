@@ -30,6 +30,9 @@ class Reply:
     status: int = 200
     delay: float = 0.0
     """Seconds to wait before answering (longer than the judge's timeout: a timeout)."""
+    top_logprobs: dict[str, float] | None = None
+    """The first token's likeliest alternatives and their logprobs, as vLLM returns them with
+    ``logprobs=True``; the first is the token answered."""
 
 
 def scores(
@@ -102,13 +105,18 @@ class ScriptedJudge:
                 )
             content = reply.content(self.ids(body)) if callable(reply.content) else reply.content
             message = {"role": "assistant", "content": content}
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
+            if reply.top_logprobs is not None:
+                top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in reply.top_logprobs.items()]
+                message["content"] = top[0]["token"] if top else ""
+                choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}] if top else []}
             return JSONResponse(
                 {
                     "id": f"chatcmpl-{len(self.received)}",
                     "object": "chat.completion",
                     "created": 0,
                     "model": body["model"],
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "choices": [choice],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                 }
             )

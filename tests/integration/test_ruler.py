@@ -15,6 +15,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.vllm import VLLMConfig
 from tests.integration.conftest import SERVED_BASE
 
 QUESTION = [
@@ -70,16 +71,22 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
         assert backend.router is not None and backend.records is not None
         records = backend.records
         client = model.openai_client()
-        # The judge is the base model, served by the same gateway (the policy is `ruled@<step>`).
-        judge = jm.Judge(
-            backend.router.base_name,
-            base_url=model.inference_base_url,
-            api_key=model.inference_api_key,
-            explanation_max_chars=100,
-            max_concurrency=2,
-            timeout=300,
+        # The judge: the base model on a vLLM server of its own, beside the policy's (`ruled@<step>`).
+        judge_config = VLLMConfig(
+            model="-", served_name="judge", enable_lora=False, tool_parser=None, kv_cache_gib=0.5,
+            extra_args=("--enforce-eager",),
+        )  # fmt: skip
+        judge = await backend.start_judge(
+            "smollm2-135m", vllm=judge_config, explanation_max_chars=100, max_concurrency=2, timeout=300,
             cache_dir=tmp_path / "judge_cache",
+        )  # fmt: skip
+        judge_server = backend.judge_servers["smollm2-135m"]
+        assert (
+            judge.base_url == f"{judge_server.base_url}/v1"
+            and judge_server.base_url != backend.server.base_url
         )
+        assert await backend.start_judge("smollm2-135m") is not judge  # the same server, a new client
+        assert len(backend.judge_servers) == 1
 
         async def rollout(task: str) -> jm.Trajectory:
             messages = [{"role": "user", "content": task}]
@@ -120,4 +127,6 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
         assert judged_groups >= 3  # of 4: structured output makes valid answers the rule
         assert await model.get_step() == 2
         assert await model.list_checkpoints() == [0, 1, 2]
+        assert len(records) == 2 * len(TASKS) * 4  # the rollouts' calls only: judging is not recorded
         await judge.aclose()
+    assert not judge_server.is_running() and not backend.judge_servers  # stopped with the backend

@@ -282,3 +282,24 @@ def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
         assert isinstance(result.exception, jm.JourneymanError) and "labels.jsonl, line 1" in str(
             result.exception
         )
+
+
+async def test_a_verdict_judge_is_calibrated_from_one_presentation(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    import math
+
+    def reads(request: dict[str, Any]) -> Reply:
+        (text,) = trajectory_texts_alone(request)
+        q = min(max(quality(text), 0.01), 0.99)
+        return Reply(top_logprobs={"yes": math.log(q), "no": math.log(1 - q)})
+
+    script.respond = reads
+    report = await jm.calibrate_judge(GROUPS[:2], judge, method="verdict")
+    assert report.orders == 1 and report.method == "verdict" and len(script.received) == 16
+    assert report.pairwise_accuracy == 1.0 and report.kendall_tau == pytest.approx(1.0)
+    assert "(verdict)" in report.table()
+
+
+def trajectory_texts_alone(request: dict[str, Any]) -> list[str]:
+    return re.findall(r"<trajectory>\n(.*?)\n</trajectory>", request["messages"][-1]["content"], re.DOTALL)

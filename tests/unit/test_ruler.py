@@ -491,3 +491,87 @@ async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudg
     assert batch.rewards == [0.9, 0.2, 0.5, 0.1]  # the judge's, not the programmatic 1.0
     assert [s.tokens[-1] for s in batch.sequences] == [10, 11, 12, 13]
     assert batch.counts["data/unscored_trajectories"] == 4 and batch.counts["data/failures"] == 1
+
+
+# Verdicts: each trajectory alone, scored by P(yes) of the reply's first token -------------------
+
+
+def verdict(yes: float, no: float, *others: tuple[str, float]) -> Reply:
+    """A reply whose first token's alternatives hold "Yes"/" yes" and "no" with these probabilities."""
+    import math
+
+    top = {"Yes": math.log(yes * 0.75), " yes": math.log(yes * 0.25), "no": math.log(no), **dict(others)}
+    return Reply(top_logprobs=dict(sorted(top.items(), key=lambda item: -item[1])))
+
+
+async def test_verdicts_score_each_trajectory_by_the_probability_of_yes(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    group = group_of_4()
+    group.trajectories.append(group.trajectories[0].model_copy(update={"id": "same-as-first"}))
+    by_answer = {"5": verdict(0.6, 0.2), "It is 4.": verdict(0.1, 0.8, ("maybe", -1.0)),
+                 "2 + 3 = 5, using add.": verdict(0.5, 0.5), "I cannot say.": verdict(0.02, 0.9)}  # fmt: skip
+
+    def respond(request: dict[str, Any]) -> Reply:  # the calls run at once: they arrive in any order
+        shown = request["messages"][-1]["content"].split("<trajectory>")[1]
+        return next(reply for answer, reply in by_answer.items() if f'"content": "{answer}"' in shown)
+
+    script.respond = respond
+    scored = await jm.ruler_score_group(group, judge=judge, method="verdict")
+    assert [t.reward for t in scored] == pytest.approx([0.75, 0.1 / 0.9, 0.5, 0.02 / 0.92, 0.75])
+    assert scored.metrics["judge/distinct"] == 4 and len(script.received) == 4  # the copy was judged once
+    assert "P(yes) = 0.750" in scored.trajectories[0].logs[-1]
+    prompts = [request["messages"][-1]["content"] for request in script.received]
+    for request in script.received:
+        assert (
+            request["max_tokens"],
+            request["temperature"],
+            request["logprobs"],
+            request["top_logprobs"],
+        ) == (1, 0.0, True, 20)
+        assert (
+            "response_format" not in request
+            and "Answer with one word: yes" in request["messages"][0]["content"]
+        )
+    # One trajectory a prompt, each after the same start (the question and tools, once).
+    assert all(
+        p.count("<trajectory>") == 1 and p.endswith("Did the agent achieve the goal? Answer yes or no.")
+        for p in prompts
+    )
+    start = prompts[0].split("<trajectory>")[0]
+    assert all(p.startswith(start) for p in prompts) and "What is 2+3?" in start and '"add"' in start
+    assert sorted(p.split("<trajectory>")[1].count("assistant") for p in prompts) == [1, 1, 1, 1]
+
+    again = await jm.ruler_score_group(group, judge=judge, method="verdict")  # from the cache
+    assert [t.reward for t in again] == [t.reward for t in scored] and len(script.received) == 4
+    assert again.metrics["judge/cached"] is True and again.metrics["judge/attempts"] == 0
+
+
+async def test_a_verdict_is_retried_after_a_5xx_and_fails_without_yes_or_no(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.replies = [Reply(status=503), verdict(0.9, 0.1)]
+    (score,) = await jm.ruler(
+        [[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict"
+    )
+    assert score.score == pytest.approx(0.9) and len(script.received) == 2
+
+    script.replies = [Reply(top_logprobs={"Perhaps": -0.1, "I": -2.0})]
+    group = jm.TrajectoryGroup([trajectory("I think 5", reward=1.0)])
+    scored = await jm.ruler_score_group(group, judge=judge, method="verdict")
+    assert scored.trajectories[0].reward is None and scored.metrics["judge/failed"] == 1
+    assert "neither 'yes' nor 'no' among its 20 likeliest" in scored.failures[0].message
+
+    script.replies = [Reply("yes")]  # an endpoint that returns no logprobs
+    with pytest.raises(jm.JudgeError, match="returned no logprobs"):
+        await jm.ruler([[QUESTION, {"role": "assistant", "content": "six"}]], judge=judge, method="verdict")
+
+
+async def test_verdicts_need_an_endpoint_and_a_known_method(url: str, tmp_path: Path) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
+    judge = jm.Judge(chat_model=chat, cache=False)
+    with pytest.raises(jm.ConfigError, match="a LangChain chat model does not return"):
+        await jm.ruler([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
+    with pytest.raises(jm.ConfigError, match="method must be 'scores' or 'verdict'"):
+        await jm.ruler([[QUESTION]], judge=judge, method="pairs")  # type: ignore[arg-type]
