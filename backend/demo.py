@@ -134,6 +134,21 @@ def get_weather(city: str) -> str:
 TOOLS = [add, multiply, get_weather]
 SYSTEM = "You are a calculator assistant. Always call a tool to compute, then state the answer."
 
+DEMO_RUBRIC = """\
+- The task is one arithmetic question. An attempt succeeds only if its final message states the exact result \
+of that arithmetic for the question's own numbers (the result of the right add or multiply call).
+- An attempt that ends without a final answer, keeps calling tools, uses other numbers or the wrong \
+operation, or states a wrong number has failed, however it reads.
+- Every success must score clearly higher than every failure; among successes, fewer tool calls and words score higher."""
+"""The demo's rubric for RULER scores: it says what success is."""
+
+DEMO_VERDICT_RUBRIC = """\
+- The task is one arithmetic question. The agent achieved the goal only if its final message states the exact \
+result of that arithmetic for the question's own numbers (the result of the right add or multiply call).
+- An attempt that ends without a final answer, keeps calling tools, uses other numbers or the wrong \
+operation, or states a wrong number did not achieve it."""
+"""The same for verdicts."""
+
 
 def _worked(question: str, name: str, a: int, b: int, call_id: str) -> list[AnyMessage]:
     result = a + b if name == "add" else a * b

@@ -1,0 +1,144 @@
+"""Judge calibration on the demo's own groups: how well each local judge ranks attempts that the
+programmatic check has scored, and what a judging costs.
+
+Groups: ``--groups`` training questions of the demo, 8 rollouts each by the demo's SmolLM2 agent
+(worked examples, T=0.7, adapters merged as the demo serves them), scored by the demo's check (the
+right number in the final answer). Only groups whose attempts differ in success are kept: the
+ones GRPO learns from, and the ones the target is stated on. They are saved to ``--groups-file``
+and read back from it on a later run, so every judge sees the same groups.
+
+Then each judge model gets a vLLM server of its own (``LocalBackend.start_judge``: base weights,
+eager, no LoRA) and each way of judging in turn:
+
+- ``scores``: RULER, the whole group in one prompt and a JSON score per trajectory (explanations
+  off: a 2-core CPU decodes the 1.5B at ~5 tokens/s), in 2 presentations (the second shuffled);
+- ``verdict``: each trajectory alone, scored by P(yes) of the reply's first token;
+
+each with the method's default rubric and with the demo's task rubric. Rows are printed as each
+is measured. Target for the default local judge: pairwise accuracy >= 85%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import journeyman as jm
+from bench.common import machine, serving_stack, table
+from journeyman.ruler import Method
+
+JUDGES = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+VARIANTS = ["scores-default", "scores-task", "verdict-default", "verdict-task"]
+GROUP_SIZE = 8
+
+
+async def collect(questions: int, seed: int) -> list[jm.TrajectoryGroup]:
+    """The demo agent's groups on ``questions`` training questions, scored; those with variance."""
+    import httpx
+    from langchain_openai import ChatOpenAI
+
+    from journeyman.backend.demo import build_agent, make_scenarios, rollout
+
+    with serving_stack(served_name="base", model="smollm2-135m", merge_adapters=True) as stack:
+        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as http:
+            llm = ChatOpenAI(
+                model="base", base_url=stack.gateway.base_url + "/v1", api_key="-", temperature=0.7,
+                max_tokens=48, disable_streaming=True, max_retries=0, timeout=600, http_async_client=http,
+            )  # fmt: skip
+            agent = build_agent(llm, worked_examples=True)
+            groups = await jm.gather_trajectory_groups(
+                (
+                    jm.TrajectoryGroup(rollout(agent, s) for _ in range(GROUP_SIZE))
+                    for s in make_scenarios(questions, seed=seed)
+                ),
+                max_exceptions=0.1,
+                description="demo rollouts",
+            )
+    return [g for g in groups if len({t.metrics.get("success") for t in g}) > 1]
+
+
+async def calibrate(
+    judge_model: str, variants: list[str], groups: list[jm.TrajectoryGroup], rows: list[tuple[str, ...]]
+) -> None:
+    from journeyman.backend import LocalBackend
+    from journeyman.backend.demo import DEMO_RUBRIC, DEMO_VERDICT_RUBRIC
+
+    with tempfile.TemporaryDirectory(prefix="journeyman-judge-") as tmp:
+        async with LocalBackend(root=tmp) as backend:
+            start = time.perf_counter()
+            judge = await backend.start_judge(
+                judge_model, explanation_max_chars=0, timeout=900, max_retries=1, cache=False
+            )
+            ready = time.perf_counter() - start
+            async with judge:
+                for variant in variants:
+                    method, rubric = variant.split("-")
+                    chosen: Method = "verdict" if method == "verdict" else "scores"
+                    text = None
+                    if rubric == "task":
+                        text = DEMO_VERDICT_RUBRIC if method == "verdict" else DEMO_RUBRIC
+                    report = await jm.calibrate_judge(
+                        groups, judge, method=chosen, rubric=text, orders=2 if method == "scores" else 1
+                    )
+                    n = len(report.groups)
+                    seconds = sum(g.seconds for g in report.groups) / max(n, 1)
+                    tokens = sum(g.prompt_tokens for g in report.groups) / max(n, 1)
+                    out = sum(g.completion_tokens for g in report.groups) / max(n, 1)
+                    rows.append(
+                        (
+                            judge_model, method, rubric, f"{report.pairs}", _pct(report.pairwise_accuracy),
+                            _num(report.kendall_tau), _pct(report.position_consistency),
+                            _num(report.first_position_bias), f"{report.ties}", f"{report.failed}",
+                            f"{seconds:.1f}", f"{tokens:.0f} / {out:.0f}", f"{ready:.0f}",
+                        )
+                    )  # fmt: skip
+                    print(f"{judge_model} {variant}:\n{report.table()}", flush=True)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
+HEADER = [
+    "judge", "method", "rubric", "pairs", "pairwise accuracy", "Kendall tau", "position consistency",
+    "first-position bias", "ties", "failed", "s / group", "tokens in / out per group", "judge ready s",
+]  # fmt: skip
+
+
+async def measure(
+    judges: list[str], variants: list[str], questions: int, groups_file: Path, seed: int
+) -> str:
+    if groups_file.exists():
+        groups = [jm.load_group(line) for line in groups_file.read_text().splitlines() if line.strip()]
+    else:
+        groups = await collect(questions, seed)
+        groups_file.parent.mkdir(parents=True, exist_ok=True)
+        groups_file.write_text("".join(g.model_dump_json() + "\n" for g in groups))
+    success = [t.metrics.get("success", 0) for g in groups for t in g]
+    print(f"{len(groups)} groups with variance, success {sum(success) / len(success):.2f}", flush=True)
+    rows: list[tuple[str, ...]] = []
+    for judge_model in judges:
+        await calibrate(judge_model, variants, groups, rows)
+        print(table(HEADER, rows[-len(variants) :]), flush=True)
+    return (
+        f"### Judge calibration on the demo's groups ({len(groups)} groups of {GROUP_SIZE} by SmolLM2 with "
+        f"worked examples, each with successes and failures; {machine()})\n\n" + table(HEADER, rows) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--judge", nargs="+", default=JUDGES)
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--groups", type=int, default=12, help="training questions to roll out")
+    parser.add_argument("--groups-file", type=Path, default=Path("/tmp/journeyman-judge-groups.jsonl"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(asyncio.run(measure(args.judge, args.variants, args.groups, args.groups_file, args.seed)))
