@@ -185,8 +185,18 @@ def demo(
         str, typer.Option(help="none, or ruler: an LLM judge ranks each group and its score is the reward.")
     ] = "none",
     judge_model: Annotated[
-        str | None, typer.Option(help="The judge's model (default: the embedded base model, served locally).")
+        str | None,
+        typer.Option(
+            help="The judge: a local model on a vLLM server of its own (an alias such as qwen2.5-coder-1.5b, a "
+            "folder), or with --judge-base-url the model that endpoint serves (default: the policy's base model)."
+        ),
     ] = None,
+    judge_method: Annotated[
+        str, typer.Option(help="scores (RULER: the group in one prompt) or verdict (P(yes) per trajectory).")
+    ] = "scores",
+    judge_anyway: Annotated[
+        bool, typer.Option(help="Train with a judge that ranks the first step no better than chance.")
+    ] = False,
     judge_base_url: Annotated[
         str | None,
         typer.Option(
@@ -244,6 +254,7 @@ def demo(
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, gradient_checkpointing=gradient_checkpointing, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
+        judge_method=judge_method, judge_anyway=judge_anyway,  # type: ignore[arg-type]
         reward_weight=reward_weight, langfuse=langfuse, zero_shot_eval=zero_shot_eval,
         seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import journeyman as jm
-from journeyman.errors import ConfigError, MissingDependencyError
+from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError
 
 try:
     import httpx
@@ -276,9 +276,17 @@ class DemoConfig:
     judge: Literal["none", "ruler"] = "none"
     """``ruler``: an LLM judge ranks each training group, and its score is the reward."""
     judge_model: str | None = None
-    """The judge's model name (default: the embedded base model, on the demo's own vLLM server)."""
+    """The judge: with ``judge_base_url``, the model name that endpoint serves; else a local model
+    (an embedded alias, a folder or a hub name) on a vLLM server of its own beside the policy's, or
+    the policy's own base model, which the policy's server answers as well. None: the base model."""
     judge_base_url: str | None = None
     """An OpenAI-compatible endpoint for the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."""
+    judge_method: Literal["scores", "verdict"] = "scores"
+    """``scores``: RULER, the whole group in one prompt; ``verdict``: each trajectory alone, scored
+    by the judge's P(yes) (``journeyman.ruler``)."""
+    judge_anyway: bool = False
+    """Train with the judge even when, calibrated on the first step's groups against the
+    programmatic check, it ranks no better than chance (the demo stops otherwise)."""
     reward_weight: float = 0.0
     """With a judge: reward = judge score + reward_weight x the programmatic reward (1 right, 0 wrong)."""
     langfuse: bool = False
@@ -320,6 +328,7 @@ class DemoConfig:
             (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
+            (self.judge_method in ("scores", "verdict"), f"unknown judge_method {self.judge_method!r}: scores or verdict"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
         ]  # fmt: skip
@@ -407,15 +416,52 @@ class Demo:
             http_async_client=self.http,
         )
 
-    def _judge(self, model: jm.TrainableModel, backend: Any) -> jm.Judge:
+    @property
+    def judge_is_policy_base(self) -> bool:
+        """The local judge is the policy's base model, answered by the policy's own server."""
         c = self.config
-        if c.judge_base_url is None:  # the base model on the demo's own server, through the gateway
+        return c.judge_base_url is None and c.judge_model in (None, c.base_model)
+
+    async def _judge(self, model: jm.TrainableModel, backend: Any) -> jm.Judge:
+        c = self.config
+        if c.judge_base_url is not None:
+            key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+            return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
+        if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
             base = backend.router.base_name
-            return jm.Judge(
-                c.judge_model or base, base_url=model.inference_base_url, api_key=model.inference_api_key
+            return jm.Judge(base, base_url=model.inference_base_url, api_key=model.inference_api_key)
+        assert c.judge_model is not None
+        with self.console.status(f"starting the judge's vLLM server with {c.judge_model} ..."):
+            return await backend.start_judge(c.judge_model, timeout=900)
+
+    async def _calibrate(
+        self, model: jm.TrainableModel, judge: jm.Judge, groups: list[jm.TrajectoryGroup]
+    ) -> None:
+        """Rank the first step's groups with the judge against the programmatic check; stop when
+        it ranks no better than chance (unless ``judge_anyway``)."""
+        c = self.config
+        with self.console.status(
+            f"calibrating the judge {judge.name} on the first step's {len(groups)} groups ..."
+        ):
+            report = await jm.calibrate_judge(groups, judge, method=c.judge_method, rubric=self.rubric)
+        path = report.save(model.store.path / "judge_calibration.json")
+        self.console.print(f"judge calibration (truth: the programmatic check; {path}):\n{report.table()}")
+        if report.pairs == 0:
+            self.console.print(
+                "no group of the first step has both successes and failures: nothing to calibrate on"
             )
-        key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
+        elif not report.better_than_chance() and not c.judge_anyway:
+            raise JourneymanError(
+                f"the judge {judge.name} ranks the first step's attempts no better than chance "
+                f"(pairwise accuracy {report.pairwise_accuracy:.0%} on {report.pairs} pairs, sign test "
+                f"p = {report.p_value:.2g}), so training on its scores would not teach: use a bigger judge "
+                "(--judge-model qwen2.5-coder-1.5b, or --judge-base-url for a hosted one), --judge-method verdict, "
+                "or --judge-anyway to train with it regardless"
+            )
+
+    @property
+    def rubric(self) -> str:
+        return DEMO_VERDICT_RUBRIC if self.config.judge_method == "verdict" else DEMO_RUBRIC
 
     async def _groups(
         self,
@@ -503,7 +549,7 @@ class Demo:
 
             LangfuseExporter(project=c.project, model=self.name).check()
         merge = c.merge_adapters if c.merge_adapters is not None else c.base_model == "smollm2-135m"
-        if c.judge == "ruler" and c.judge_base_url is None and merge:
+        if c.judge == "ruler" and self.judge_is_policy_base and merge:
             merge = False  # merged weights replace the base model, and the local judge is the base model
             console.print("the judge is the local base model: serving adapters with LoRA, not merged")
         console.print(f"starting vLLM with {c.base_model} (one to three minutes on 2 cores) ...")
@@ -515,13 +561,15 @@ class Demo:
         ):
             await model.register(backend)
             self.records = backend.records
-            after_each = None
+            after_each, judge = None, None
             if c.judge == "ruler":
-                judge = self._judge(model, backend)
+                judge = await self._judge(model, backend)
                 after_each = functools.partial(
-                    jm.ruler_score_group, judge=judge, reward_weight=c.reward_weight
-                )
-                console.print(f"judge: RULER with {judge.model} at {judge.base_url}")
+                    jm.ruler_score_group, judge=judge, reward_weight=c.reward_weight, rubric=self.rubric,
+                    method=c.judge_method,
+                )  # fmt: skip
+                console.print(f"judge: RULER ({c.judge_method}) with {judge.model} at {judge.base_url}")
+            calibrated = judge is None
             console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
             before = await self.evaluate(model, "before")
             console.print(f"before: {_line(before)}")
@@ -548,8 +596,13 @@ class Demo:
                     batch.items,
                     c.group_size,
                     f"step {batch.step + 1}/{c.steps} rollouts",
-                    after_each=after_each,
+                    after_each=after_each if calibrated else None,
                 )
+                if not calibrated:  # the first step's groups still hold the programmatic rewards
+                    assert judge is not None and after_each is not None
+                    await self._calibrate(model, judge, groups)
+                    groups = [await after_each(group) for group in groups]
+                    calibrated = True
                 rollout_s = time.monotonic() - t0
                 stats = summarize(groups)
                 with console.status(f"step {batch.step + 1}/{c.steps}: training on {len(groups)} groups ..."):

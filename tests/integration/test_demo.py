@@ -86,6 +86,7 @@ def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
             *TINY,
             "--judge",
             "ruler",
+            "--judge-anyway",  # two groups of two: too few pairs for the 135M judge to beat chance
             "--langfuse",
             "--no-zero-shot-eval",
             "--root",
@@ -93,9 +94,18 @@ def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
         ]
         result = CliRunner().invoke(app, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
-        assert "serving adapters with LoRA" in result.output and "judge: RULER with base" in result.output
+        assert (
+            "serving adapters with LoRA" in result.output
+            and "judge: RULER (scores) with base" in result.output
+        )
         store = jm.ModelStore("demo", "smoke", root=tmp_path)
         train = store.load_groups("train", 0)
+        # Calibrated on the first step's groups, against the rewards the check gave them.
+        calibration = json.loads((store.path / "judge_calibration.json").read_text())
+        assert "judge calibration" in result.output and calibration["judge"] == "base"
+        assert [g["group_id"] for g in calibration["groups"]] == [g.id for g in train]
+        for kept, group in zip(calibration["groups"], train, strict=True):
+            assert kept["rewards"] == [t.metrics["programmatic_reward"] for t in group]
         judged = [t for g in train for t in g]
         assert len(judged) + sum(len(g.failures) for g in train) == 4
         for trajectory in judged:  # the judge's score is the reward; the right answer is kept beside it

@@ -167,6 +167,7 @@ def test_worked_plan_splits_a_step_between_the_prompts(n: int, share: float, pla
         ("loss", "ppo", "unknown loss"),
         ("judge", "gpt", "unknown judge"),
         ("judge_model", "gpt-5", "need judge='ruler'"),
+        ("judge_method", "pairs", "unknown judge_method"),
         ("reward_weight", -1.0, "reward_weight must be >= 0"),
         ("worked_share", 1.5, "worked_share must be between 0 and 1"),
     ],
@@ -203,3 +204,56 @@ def test_plot_demo_writes_a_png(tmp_path: Path) -> None:
     ]
     out = plot_demo(json.loads(json.dumps(rows)), tmp_path / "curve.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _judged_groups() -> list[jm.TrajectoryGroup]:
+    """Two questions, four attempts each: two right, two wrong (scored by the demo's own check)."""
+    groups = []
+    for scenario in make_scenarios(2, seed=0):
+        attempts = []
+        for answer in (scenario.answer, scenario.answer, scenario.answer + 1, scenario.answer + 7):
+            messages = [{"role": "system", "content": "calc"}, {"role": "user", "content": scenario.question},
+                        {"role": "assistant", "content": f"The answer is {answer}."}]  # fmt: skip
+            attempts.append(score(jm.Trajectory(conversation=messages), scenario))
+        groups.append(jm.TrajectoryGroup(attempts))
+    return groups
+
+
+@pytest.mark.parametrize("anyway", [False, True])
+async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, anyway: bool) -> None:
+    from rich.console import Console
+
+    from journeyman.backend.demo import Demo
+    from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
+
+    def inverted(request: dict[str, Any]) -> Reply:  # prefers every wrong answer to every right one
+        shown = trajectory_texts(request)
+        scores = {id_: {"explanation": "-", "score": 0.0 if "answer is" in text and _right(text) else 1.0}
+                  for id_, text in shown.items()}  # fmt: skip
+        return Reply(json.dumps(scores))
+
+    groups = _judged_groups()
+    rights = {str(s.answer) for s in make_scenarios(2, seed=0)}
+
+    def _right(text: str) -> bool:
+        return any(f"is {answer}." in text for answer in rights)
+
+    demo = Demo(DemoConfig(judge="ruler", judge_anyway=anyway, root=tmp_path, name="gate"))
+    demo.console = Console(record=True, width=200)
+    model = jm.TrainableModel(name="gate", project="demo", base_model="smollm2-135m", root=tmp_path)
+    script = ScriptedJudge(respond=inverted)
+    with running(script) as url:
+        judge = jm.Judge("judge", base_url=url, max_retries=0, cache=False)
+        if anyway:
+            await demo._calibrate(model, judge, groups)
+        else:
+            with pytest.raises(
+                jm.JourneymanError, match="ranks the first step's attempts no better than chance"
+            ):
+                await demo._calibrate(model, judge, groups)
+    report = json.loads((model.store.path / "judge_calibration.json").read_text())
+    assert report["summary"]["pairs"] == 8 and report["summary"]["pairwise_accuracy"] == 0.0
+    assert "NOT better than chance" in demo.console.export_text()
+    assert (
+        "exact result of that arithmetic" in script.received[0]["messages"][0]["content"]
+    )  # the task rubric
