@@ -428,11 +428,9 @@ class Demo:
             key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
             return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
         if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
-            base = backend.router.base_name
-            return jm.Judge(base, base_url=model.inference_base_url, api_key=model.inference_api_key)
-        assert c.judge_model is not None
+            return await backend.judge(model)
         with self.console.status(f"starting the judge's vLLM server with {c.judge_model} ..."):
-            return await backend.start_judge(c.judge_model, timeout=900)
+            return await backend.judge(model, c.judge_model, timeout=900)
 
     async def _calibrate(
         self, model: jm.TrainableModel, judge: jm.Judge, groups: list[jm.TrajectoryGroup]

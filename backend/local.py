@@ -240,6 +240,21 @@ class LocalBackend:
             self.judge_servers[model] = server
         return Judge(server.config.served_name, base_url=f"{server.base_url}/v1", **judge)
 
+    async def judge(self, model: TrainableModel, judge_model: str | None = None, **judge: Any) -> Judge:
+        """A judge for ``model``'s groups: ``model``'s base weights, answered by the policy's own
+        server through the gateway (``judge_model`` None or the same base model: no second server),
+        else ``judge_model`` on a server of its own (:meth:`start_judge`). ``judge`` holds further
+        :class:`Judge` arguments."""
+        if judge_model is not None and judge_model != model.base_model:
+            return await self.start_judge(judge_model, **judge)
+        if self.router is None:
+            raise ConfigError(
+                f"register {model.name!r} with this backend before asking for its base model as a judge"
+            )
+        return Judge(
+            self.router.base_name, base_url=model.inference_base_url, api_key=model.inference_api_key, **judge
+        )
+
     async def deploy_adapter(self, name: str, base_model: str, adapter_dir: Path, step: int) -> str:
         """Serve an adapter trained elsewhere as ``name@step`` (and ``name``); start vLLM if needed."""
         base = await asyncio.to_thread(resolve_base_model, base_model)

@@ -141,17 +141,14 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
     await model.register(backend)
-    judge = jm.Judge(
-        backend.router.base_name,  # the base model, served beside the policy by the same vLLM
-        base_url=model.inference_base_url,
-        api_key=model.inference_api_key,
-        explanation_max_chars=100,
-        timeout=300,
-        cache_dir=args.root / "judge_cache",
+    # The base model, answered by the policy's own server, unless --judge-model names another.
+    judge = await backend.judge(
+        model, args.judge_model, explanation_max_chars=100, timeout=300, cache_dir=args.root / "judge_cache"
     )
     score = functools.partial(
-        jm.ruler_score_group, judge=judge, rubric=RUBRIC, reward_weight=args.reward_weight
-    )
+        jm.ruler_score_group, judge=judge, rubric=RUBRIC, reward_weight=args.reward_weight,
+        method=args.judge_method,
+    )  # fmt: skip
 
     async def rollout(scenario: dict[str, Any]) -> jm.Trajectory:
         return await asyncio.to_thread(run_crew, model, scenario, args)
@@ -206,6 +203,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="crew")
     parser.add_argument("--base-model", default="smollm2-135m")
+    parser.add_argument(
+        "--judge-model", help="the judge: a local model on a vLLM server of its own (default: the base model)"
+    )
+    parser.add_argument("--judge-method", choices=["scores", "verdict"], default="scores")
     parser.add_argument("--root", type=Path, default=Path(".journeyman"))
     return parser.parse_args(argv)
 

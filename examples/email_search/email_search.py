@@ -326,14 +326,11 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     agent = make_agent(model, inbox, args)
     after_each = None
     if args.judge == "ruler":
-        judge = jm.Judge(
-            backend.router.base_name,  # the base model, served beside the policy
-            base_url=model.inference_base_url,
-            api_key=model.inference_api_key,
-            explanation_max_chars=100,
-            timeout=300,
+        # The base model, answered by the policy's own server, unless --judge-model names another.
+        judge = await backend.judge(model, args.judge_model, explanation_max_chars=100, timeout=300)
+        after_each = functools.partial(
+            jm.ruler_score_group, judge=judge, judge_weight=0.5, reward_weight=0.5, method=args.judge_method
         )
-        after_each = functools.partial(jm.ruler_score_group, judge=judge, judge_weight=0.5, reward_weight=0.5)
     summary: dict[str, Any] = {
         "model": model,
         "inbox": emails,
@@ -391,6 +388,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="email-search")
     parser.add_argument("--base-model", default="smollm2-135m")
+    parser.add_argument(
+        "--judge-model", help="the judge: a local model on a vLLM server of its own (default: the base model)"
+    )
+    parser.add_argument("--judge-method", choices=["scores", "verdict"], default="scores")
     parser.add_argument("--root", type=Path, default=Path(".journeyman"))
     return parser.parse_args(argv)
 
