@@ -158,13 +158,16 @@ class Calibration:
 
     @property
     def p_value(self) -> float:
-        """The chance that a judge guessing each pair with a coin gets at least ``correct`` of
-        ``pairs`` right (ties counted as wrong, so a judge that ties everything is at chance)."""
-        n = self.pairs
+        """The sign test: the chance that a coin, deciding the pairs the judge decided (its ties
+        left out, as the sign test does), orders at least ``correct`` of them right. A judge that
+        ties everything decides nothing: 1."""
+        n = self.correct + self.wrong
         return sum(math.comb(n, k) for k in range(self.correct, n + 1)) / 2**n if n else 1.0
 
     def better_than_chance(self, alpha: float = 0.05) -> bool:
-        """Whether the judge ranks better than a coin, at significance ``alpha`` (one-sided sign test)."""
+        """Whether the judge orders pairs better than a coin where it orders them at all, at
+        significance ``alpha`` (one-sided sign test). Its ties, which teach nothing but mislead
+        nowhere, show in ``pairwise_accuracy`` (counted half) and ``ties``."""
         return self.p_value < alpha
 
     def to_dict(self) -> dict[str, Any]:
