@@ -187,13 +187,14 @@ def demo(
     judge_model: Annotated[
         str | None,
         typer.Option(
-            help="The judge: a local model on a vLLM server of its own (an alias such as qwen2.5-coder-1.5b, a "
-            "folder), or with --judge-base-url the model that endpoint serves (default: the policy's base model)."
+            help="The judge: a local model on a vLLM server of its own (an alias, a folder; the policy's own base "
+            "model is answered by the policy's server), or with --judge-base-url the model that endpoint serves "
+            "(default: qwen2.5-coder-1.5b, locally)."
         ),
     ] = None,
     judge_method: Annotated[
-        str, typer.Option(help="scores (RULER: the group in one prompt) or verdict (P(yes) per trajectory).")
-    ] = "scores",
+        str, typer.Option(help="verdict (P(yes) per trajectory) or scores (RULER: the group in one prompt).")
+    ] = "verdict",
     judge_anyway: Annotated[
         bool, typer.Option(help="Train with a judge that ranks the first step no better than chance.")
     ] = False,

@@ -86,6 +86,10 @@ def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
             *TINY,
             "--judge",
             "ruler",
+            "--judge-model",  # the policy's own base model, on its own server: no second server
+            "smollm2-135m",
+            "--judge-method",
+            "scores",
             "--judge-anyway",  # two groups of two: too few pairs for the 135M judge to beat chance
             "--langfuse",
             "--no-zero-shot-eval",

@@ -15,7 +15,6 @@ import pytest
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.gateway import GatewayThread
-from journeyman.backend.vllm import VLLMConfig
 from tests.integration.conftest import SERVED_BASE
 
 QUESTION = [
@@ -72,14 +71,11 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
         records = backend.records
         client = model.openai_client()
         # The judge: the base model on a vLLM server of its own, beside the policy's (`ruled@<step>`).
-        judge_config = VLLMConfig(
-            model="-", served_name="judge", enable_lora=False, tool_parser=None, kv_cache_gib=0.5,
-            extra_args=("--enforce-eager",),
-        )  # fmt: skip
         judge = await backend.start_judge(
-            "smollm2-135m", vllm=judge_config, explanation_max_chars=100, max_concurrency=2, timeout=300,
+            "smollm2-135m", explanation_max_chars=100, max_concurrency=2, timeout=300,
             cache_dir=tmp_path / "judge_cache",
         )  # fmt: skip
+        assert judge.name == "smollm2-135m"  # served under its own name, which keys the judge's cache
         judge_server = backend.judge_servers["smollm2-135m"]
         assert (
             judge.base_url == f"{judge_server.base_url}/v1"

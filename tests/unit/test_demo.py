@@ -238,7 +238,9 @@ async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, any
     def _right(text: str) -> bool:
         return any(f"is {answer}." in text for answer in rights)
 
-    demo = Demo(DemoConfig(judge="ruler", judge_anyway=anyway, root=tmp_path, name="gate"))
+    demo = Demo(
+        DemoConfig(judge="ruler", judge_method="scores", judge_anyway=anyway, root=tmp_path, name="gate")
+    )
     demo.console = Console(record=True, width=200)
     model = jm.TrainableModel(name="gate", project="demo", base_model="smollm2-135m", root=tmp_path)
     script = ScriptedJudge(respond=inverted)
@@ -257,3 +259,19 @@ async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, any
     assert (
         "exact result of that arithmetic" in script.received[0]["messages"][0]["content"]
     )  # the task rubric
+
+
+def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> None:
+    from journeyman.backend.demo import DEFAULT_JUDGE_MODEL, Demo
+
+    default = Demo(DemoConfig(judge="ruler"))
+    assert (
+        default.judge_model == DEFAULT_JUDGE_MODEL == "qwen2.5-coder-1.5b"
+        and not default.judge_is_policy_base
+    )
+    assert default.config.judge_method == "verdict" and "exact result" in default.rubric
+    own = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_method="scores"))
+    assert own.judge_is_policy_base and "Every success must score clearly higher" in own.rubric
+    assert Demo(DemoConfig(judge="ruler", base_model=DEFAULT_JUDGE_MODEL)).judge_is_policy_base
+    hosted = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_base_url="https://x/v1"))
+    assert not hosted.judge_is_policy_base  # a hosted judge, whatever its name
