@@ -112,6 +112,47 @@ HEADER = [
 ]  # fmt: skip
 
 
+def plot(rows: list[tuple[str, ...]], out: Path) -> Path:
+    """Pairwise accuracy and seconds per group of each judge and way of judging, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    judges = list(dict.fromkeys(row[0] for row in rows))
+    variants = list(dict.fromkeys(f"{row[1]}, {row[2]} rubric" for row in rows))
+    figure, (accuracy_axis, time_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(variants)
+    for k, variant in enumerate(variants):
+        chosen = {row[0]: row for row in rows if f"{row[1]}, {row[2]} rubric" == variant}
+        xs = [i + k * width for i, judge in enumerate(judges) if judge in chosen]
+        accuracy_axis.bar(
+            xs, [float(chosen[j][4].rstrip("%")) for j in judges if j in chosen], width, label=variant
+        )
+        time_axis.bar(xs, [float(chosen[j][10]) for j in judges if j in chosen], width, label=variant)
+    for axis in (accuracy_axis, time_axis):
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(judges))], judges)
+    accuracy_axis.axhline(50, color="grey", linestyle=":", label="chance")
+    accuracy_axis.axhline(85, color="tab:red", linestyle="--", label="target")
+    accuracy_axis.set(ylabel="pairwise accuracy (%)", title="ranking the demo's attempts", ylim=(0, 125))
+    time_axis.set(ylabel="seconds per group of 8", title="cost")
+    accuracy_axis.legend(fontsize=7, loc="upper center", ncol=3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def rows_from_table(text: str) -> list[tuple[str, ...]]:
+    """The rows of a table this script printed (to draw a measured run again)."""
+    rows = []
+    for line in text.splitlines():
+        cells = tuple(cell.strip() for cell in line.strip().strip("|").split("|"))
+        if len(cells) == len(HEADER) and cells[0] in JUDGES:
+            rows.append(cells)
+    return list(dict.fromkeys(rows))
+
+
 async def measure(
     judges: list[str], variants: list[str], questions: int, groups_file: Path, seed: int
 ) -> str:
@@ -127,6 +168,7 @@ async def measure(
     for judge_model in judges:
         await calibrate(judge_model, variants, groups, rows)
         print(table(HEADER, rows[-len(variants) :]), flush=True)
+    print(f"plot: {plot(rows, Path('bench/judge_calibration.png'))}", flush=True)
     return (
         f"### Judge calibration on the demo's groups ({len(groups)} groups of {GROUP_SIZE} by SmolLM2 with "
         f"worked examples, each with successes and failures; {machine()})\n\n" + table(HEADER, rows) + "\n"
@@ -140,5 +182,11 @@ if __name__ == "__main__":
     parser.add_argument("--groups", type=int, default=12, help="training questions to roll out")
     parser.add_argument("--groups-file", type=Path, default=Path("/tmp/journeyman-judge-groups.jsonl"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plot-from", type=Path, help="draw the table an earlier run printed; measure nothing"
+    )
     args = parser.parse_args()
-    print(asyncio.run(measure(args.judge, args.variants, args.groups, args.groups_file, args.seed)))
+    if args.plot_from is not None:
+        print(plot(rows_from_table(args.plot_from.read_text()), Path("bench/judge_calibration.png")))
+    else:
+        print(asyncio.run(measure(args.judge, args.variants, args.groups, args.groups_file, args.seed)))
