@@ -33,7 +33,8 @@ def group(qualities: list[float], seed: int = 0) -> jm.TrajectoryGroup:
                 reward=q,
             )
             for i, q in enumerate(qualities)
-        ]
+        ],
+        id=f"group-{seed}",  # a fixed id: it seeds the group's shuffled presentations, so each run is the same
     )
 
 
