@@ -323,10 +323,7 @@ def trajectories_show(
 ) -> None:
     """Print stored trajectories as readable conversations."""
     store = ModelStore(project, model, root=root)
-    steps = store.steps(split)
-    if not steps:
-        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
-    chosen = steps[-1] if step is None else step
+    chosen = _stored_steps(store, split)[-1] if step is None else step
     console = Console()
     shown = 0
     for index, group in enumerate(store.load_groups(split, chosen)):
@@ -376,7 +373,9 @@ def judge_calibrate(
             help='JSONL of {"trajectory_id": ..., "reward": ...}: the truth instead of the stored rewards.'
         ),
     ] = None,
-    rubric: Annotated[Path | None, typer.Option(help="A file holding the rubric (default: RULER's).")] = None,
+    rubric: Annotated[
+        Path | None, typer.Option(help="A file holding the rubric (default: the method's own).")
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="JSON report (default: <model folder>/calibration/<judge>.json).")
     ] = None,
@@ -393,10 +392,10 @@ def judge_calibrate(
     from journeyman.calibration import known_reward
     from journeyman.ruler import Method
 
+    if method not in ("scores", "verdict"):
+        raise typer.BadParameter(f"--method must be scores or verdict, got {method!r}")
     store = ModelStore(project, model, root=root)
-    steps = step or store.steps(split)
-    if not steps:
-        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
+    steps = step or _stored_steps(store, split)
     groups = [group for chosen in steps for group in store.load_groups(split, chosen)][:max_groups]
     given = _read_labels(labels) if labels is not None else None
 
@@ -405,8 +404,6 @@ def judge_calibrate(
 
     key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
     text = rubric.read_text() if rubric is not None else None
-    if method not in ("scores", "verdict"):
-        raise typer.BadParameter(f"--method must be scores or verdict, got {method!r}")
 
     async def calibrate() -> jm.Calibration:
         judge = jm.Judge(
@@ -418,15 +415,21 @@ def judge_calibrate(
                 groups, judge, orders=orders, rubric=text, method=chosen, truth=truth
             )
 
-    with Console(stderr=True).status(
-        f"judging {len(groups)} groups x {orders} presentations with {judge_model}"
-    ):
+    with Console(stderr=True).status(f"judging {len(groups)} groups with {judge_model} ({method})"):
         report = asyncio.run(calibrate())
     typer.echo(report.table())
     path = report.save(out or store.path / "calibration" / f"{judge_model.replace('/', '_')}.json")
     typer.echo(f"report: {path}")
     if fail_at_chance and not report.better_than_chance():
         raise typer.Exit(2)
+
+
+def _stored_steps(store: ModelStore, split: str) -> list[int]:
+    """The steps with stored trajectories for ``split``; an error when there are none."""
+    steps = store.steps(split)
+    if not steps:
+        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
+    return steps
 
 
 def _read_labels(path: Path) -> dict[str, float]:

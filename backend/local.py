@@ -225,13 +225,13 @@ class LocalBackend:
             server = self.judge_servers[model]
         else:
             base = await asyncio.to_thread(resolve_base_model, model)
-            # Served under the model's own name: a judge's name keys its cached judgements.
+            name = Path(str(model)).name  # served under its own name: a judge's name keys its cache
             config = vllm or VLLMConfig(
-                model=base, served_name=Path(str(model)).name, enable_lora=False, tool_parser=None,
+                model=base, served_name=name, enable_lora=False, tool_parser=None,
                 max_model_len=8192, kv_cache_gib=1.0, extra_args=() if cuda_available() else ("--enforce-eager",),
             )  # fmt: skip
             config = replace(config, model=base, cpu_cores=cores or self.vllm_cores, reserved_cpus=0)
-            server = VLLMServer(config, log_path=self.root / "logs" / f"judge-{Path(str(model)).name}.log")
+            server = VLLMServer(config, log_path=self.root / "logs" / f"judge-{name}.log")
             server.launch()
             try:
                 await asyncio.to_thread(server.wait_healthy)

@@ -14,8 +14,10 @@ valid answer, and how often to ask again, is the caller's business (see :mod:`jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -149,13 +151,19 @@ class Judge:
         Raises :class:`JudgeCallError` for failures worth a retry and :class:`JudgeError` for
         ones that are not (a wrong key, an unknown model).
         """
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        async with self._semaphore:
-            self.calls += 1
+        async with self._slot():
             if self.chat_model is not None:
                 return await self._complete_chat_model(messages)
             return await self._complete_openai(messages, schema if self.uses_schema else None, max_tokens)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of the ``max_concurrency`` calls in flight, counted in :attr:`calls`."""
+        if self._semaphore is None:  # made on first use, in the event loop that uses it
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        async with self._semaphore:
+            self.calls += 1
+            yield
 
     async def _complete_openai(
         self, messages: list[dict[str, str]], schema: dict[str, Any] | None, schema_max_tokens: int | None
@@ -205,10 +213,7 @@ class Judge:
             )
         request = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0,
                    "logprobs": True, "top_logprobs": 20}  # fmt: skip
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        async with self._semaphore:
-            self.calls += 1
+        async with self._slot():
             response = await self._send(request)
         logprobs = response.choices[0].logprobs
         if logprobs is None or not logprobs.content:

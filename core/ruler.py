@@ -41,10 +41,10 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge, JudgeCallError
@@ -63,6 +63,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves the goal must score clearly higher than any that does not.
@@ -305,24 +307,39 @@ async def judge_trajectories(
         labels.setdefault(key, str(len(labels) + 1))
     ids = list(labels.values())
     unique = [conversations[keys.index(key)] for key in labels]
-    if method == "verdict":
-        judgement = await _verdicts(judge, unique, rubric)
-        by_label = dict(zip(ids, judgement.scores, strict=True))
-        judgement.scores = [by_label[labels[key]] for key in keys]
-        return judgement
-    messages = _prompt(unique, ids, rubric)
-
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
-    path = _cache_path(judge, messages)
-    by_id = _read_cache(path, ids) if path is not None else None
-    if by_id is not None:
-        judgement.cached = True
+    if method == "verdict":
+        by_id = await _verdicts(judge, unique, ids, rubric, judgement)
     else:
-        by_id = await _ask(judge, messages, ids, judgement)
-        if path is not None:
-            _write_cache(path, by_id)
+        messages = _prompt(unique, ids, rubric)
+        path = _cache_path(judge, messages)
+        cached = _read_cache(path, ids) if path is not None else None
+        if cached is not None:
+            by_id, judgement.cached = cached, True
+        else:
+            by_id = await _ask(judge, messages, ids, judgement)
+            if path is not None:
+                _write_cache(path, by_id)
     judgement.scores = [by_id[labels[key]] for key in keys]
     return judgement
+
+
+async def _retrying(judge: Judge, judgement: Judgement, call: Callable[[], Awaitable[_T]], failed: str) -> _T:
+    """``call()`` until it succeeds, at most ``1 + judge.max_retries`` times, waiting
+    ``judge.retry_delay`` (doubled each time) between tries; each failure goes to
+    ``judgement.retries``. Then :class:`JudgeError`: ``failed``, formatted with ``attempts``, and why."""
+    attempts = 1 + judge.max_retries
+    reasons = []
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except (JudgeCallError, _InvalidAnswer) as error:
+            reasons.append(f"attempt {attempt}: {error}")
+            judgement.retries.append(reasons[-1])
+            logger.warning("judge %r, attempt %d of %d: %s", judge.name, attempt, attempts, error)
+            if attempt < attempts:
+                await asyncio.sleep(judge.retry_delay * 2 ** (attempt - 1))
+    raise JudgeError(failed.format(attempts=attempts, reasons="; ".join(reasons)))
 
 
 async def _ask(
@@ -333,46 +350,37 @@ async def _ask(
     max_tokens = None
     if judge.explanation_max_chars is not None:  # each token holds at least one character
         max_tokens = len(ids) * (judge.explanation_max_chars + _ENTRY_TOKENS) + 16
-    attempts = 1 + judge.max_retries
-    for attempt in range(1, attempts + 1):
-        judgement.attempts = attempt
-        try:
-            judgement.answer = await judge.complete(messages, schema, max_tokens=max_tokens)
-            return _parse(judgement.answer, ids)
-        except (JudgeCallError, _InvalidAnswer) as error:
-            judgement.retries.append(f"attempt {attempt}: {error}")
-            logger.warning("judge %r, attempt %d of %d: %s", judge.name, attempt, attempts, error)
-            if attempt < attempts:
-                await asyncio.sleep(judge.retry_delay * 2 ** (attempt - 1))
-    raise JudgeError(
-        f"judge {judge.name!r} gave no valid scores for {len(ids)} trajectories in {attempts} attempts: "
-        + "; ".join(judgement.retries)
-        + ". Check that the judge model can follow the JSON format, or raise Judge(max_retries=..., timeout=...)"
+
+    async def attempt() -> dict[str, Score]:
+        judgement.attempts += 1
+        judgement.answer = await judge.complete(messages, schema, max_tokens=max_tokens)
+        return _parse(judgement.answer, ids)
+
+    failed = (
+        f"judge {judge.name!r} gave no valid scores for {len(ids)} trajectories in {{attempts}} attempts: "
+        "{reasons}. Check that the judge model can follow the JSON format, or raise Judge(max_retries=..., "
+        "timeout=...)"
     )
+    return await _retrying(judge, judgement, attempt, failed)
 
 
-async def _verdicts(judge: Judge, unique: list[list[_Conversation]], rubric: str) -> Judgement:
-    """Each distinct trajectory judged alone: its score is P(yes) / (P(yes) + P(no))."""
-    judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
-    prompts = _verdict_prompts(unique, rubric)
+async def _verdicts(
+    judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
+) -> dict[str, Score]:
+    """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); by id."""
 
-    async def one(messages: list[dict[str, str]]) -> tuple[Score, int]:
+    async def one(messages: list[dict[str, str]]) -> tuple[Score, bool]:
         path = _cache_path(judge, messages)
         cached = _read_cache(path, ["verdict"]) if path is not None else None
         if cached is not None:
-            return cached["verdict"], 0
-        for attempt in range(1, judge.max_retries + 2):
-            try:
-                mass = await judge.verdict(messages)
-                break
-            except JudgeCallError as error:
-                judgement.retries.append(f"attempt {attempt}: {error}")
-                if attempt > judge.max_retries:
-                    raise JudgeError(
-                        f"judge {judge.name!r} gave no verdict in {attempt} attempts: "
-                        + "; ".join(judgement.retries)
-                    ) from error
-                await asyncio.sleep(judge.retry_delay * 2 ** (attempt - 1))
+            return cached["verdict"], True
+
+        async def attempt() -> dict[str, float]:
+            judgement.attempts += 1
+            return await judge.verdict(messages)
+
+        failed = f"judge {judge.name!r} gave no verdict in {{attempts}} attempts: {{reasons}}"
+        mass = await _retrying(judge, judgement, attempt, failed)
         total = mass["yes"] + mass["no"]
         if total == 0:  # at temperature 0, asking again gets the same answer
             raise JudgeError(
@@ -383,13 +391,11 @@ async def _verdicts(judge: Judge, unique: list[list[_Conversation]], rubric: str
         score = Score(p, f"P(yes) = {p:.3f} (yes {mass['yes']:.3g}, no {mass['no']:.3g})", p)
         if path is not None:
             _write_cache(path, {"verdict": score})
-        return score, attempt
+        return score, False
 
-    results = await asyncio.gather(*(one(messages) for messages in prompts))
-    judgement.scores = [score for score, _ in results]
-    judgement.attempts = sum(attempts for _, attempts in results)
-    judgement.cached = all(attempts == 0 for _, attempts in results)
-    return judgement
+    results = await asyncio.gather(*(one(messages) for messages in _verdict_prompts(unique, rubric)))
+    judgement.cached = all(cached for _, cached in results)
+    return {id_: score for id_, (score, _) in zip(ids, results, strict=True)}
 
 
 # The prompt -------------------------------------------------------------------------------------
