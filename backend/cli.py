@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -193,7 +193,11 @@ def demo(
         ),
     ] = None,
     judge_method: Annotated[
-        str, typer.Option(help="verdict (P(yes) per trajectory) or scores (RULER: the group in one prompt).")
+        str,
+        typer.Option(
+            help="verdict (P(yes) per trajectory), scores (RULER: the group in one prompt) or pairwise "
+            "(every pair in both orders)."
+        ),
     ] = "verdict",
     judge_anyway: Annotated[
         bool, typer.Option(help="Train with a judge that ranks the first step no better than chance.")
@@ -207,6 +211,10 @@ def demo(
     reward_weight: Annotated[
         float, typer.Option(help="With a judge: reward = judge score + this x the programmatic reward.")
     ] = 0.0,
+    scale_rewards: Annotated[
+        str | None,
+        typer.Option(help="Divide advantages by the group's reward std (the default), the batch's, or none."),
+    ] = None,
     langfuse: Annotated[
         bool, typer.Option(help="Export every trajectory to Langfuse (LANGFUSE_* keys).")
     ] = False,
@@ -256,7 +264,7 @@ def demo(
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, gradient_checkpointing=gradient_checkpointing, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
         judge_method=judge_method, judge_anyway=judge_anyway,  # type: ignore[arg-type]
-        reward_weight=reward_weight, langfuse=langfuse, zero_shot_eval=zero_shot_eval,
+        reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
         seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share,
     )  # fmt: skip
@@ -361,7 +369,11 @@ def judge_calibrate(
     ] = None,
     max_groups: Annotated[int | None, typer.Option(help="Calibrate on at most this many groups.")] = None,
     method: Annotated[
-        str, typer.Option(help="scores (RULER: the group in one prompt) or verdict (P(yes) per trajectory).")
+        str,
+        typer.Option(
+            help="scores (RULER: the group in one prompt), verdict (P(yes) per trajectory) or pairwise "
+            "(every pair in both orders)."
+        ),
     ] = "scores",
     orders: Annotated[
         int | None,
@@ -392,8 +404,8 @@ def judge_calibrate(
     from journeyman.calibration import known_reward
     from journeyman.ruler import Method
 
-    if method not in ("scores", "verdict"):
-        raise typer.BadParameter(f"--method must be scores or verdict, got {method!r}")
+    if method not in ("scores", "verdict", "pairwise"):
+        raise typer.BadParameter(f"--method must be scores, verdict or pairwise, got {method!r}")
     store = ModelStore(project, model, root=root)
     steps = step or _stored_steps(store, split)
     groups = [group for chosen in steps for group in store.load_groups(split, chosen)][:max_groups]
@@ -410,9 +422,8 @@ def judge_calibrate(
             judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache"
         )
         async with judge:
-            chosen: Method = "verdict" if method == "verdict" else "scores"
             return await jm.calibrate_judge(
-                groups, judge, orders=orders, rubric=text, method=chosen, truth=truth
+                groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth
             )
 
     with Console(stderr=True).status(f"judging {len(groups)} groups with {judge_model} ({method})"):

@@ -153,6 +153,18 @@ result of that arithmetic for the question's own numbers (the result of the righ
 operation, or states a wrong number did not achieve it."""
 """The same for verdicts."""
 
+DEMO_PAIRWISE_RUBRIC = """\
+- The task is one arithmetic question. An attempt succeeds only if its final message states the exact result \
+of that arithmetic for the question's own numbers (the result of the right add or multiply call); one that \
+ends without a final answer, keeps calling tools, uses other numbers or the wrong operation, or states a wrong \
+number has failed, however it reads.
+- An attempt that succeeds is better than one that fails; between two that both succeed or both fail, the one \
+with fewer tool calls and words is better."""
+"""The same for pairwise comparisons."""
+
+DEMO_RUBRICS = {"scores": DEMO_RUBRIC, "verdict": DEMO_VERDICT_RUBRIC, "pairwise": DEMO_PAIRWISE_RUBRIC}
+"""The demo's rubric for each way of judging."""
+
 
 def _worked(question: str, name: str, a: int, b: int, call_id: str) -> list[AnyMessage]:
     result = a + b if name == "add" else a * b
@@ -286,14 +298,20 @@ class DemoConfig:
     :data:`DEFAULT_JUDGE_MODEL`, which calibration on the demo's groups favours (bench/results.md)."""
     judge_base_url: str | None = None
     """An OpenAI-compatible endpoint for the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."""
-    judge_method: Literal["scores", "verdict"] = "verdict"
+    judge_method: Literal["scores", "verdict", "pairwise"] = "verdict"
     """``scores``: RULER, the whole group in one prompt; ``verdict``: each trajectory alone, scored
-    by the judge's P(yes) (``journeyman.ruler``)."""
+    by the judge's P(yes); ``pairwise``: every pair in both orders (``journeyman.ruler``)."""
     judge_anyway: bool = False
     """Train with the judge even when, calibrated on the first step's groups against the
     programmatic check, it ranks no better than chance (the demo stops otherwise)."""
     reward_weight: float = 0.0
     """With a judge: reward = judge score + reward_weight x the programmatic reward (1 right, 0 wrong)."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """Divide advantages by the group's reward std, the batch's, or nothing (None: the trainer's
+    default, ``group``). Measured on the demo's groups with the 1.5B judge's verdicts, group
+    scaling gave advantages closer to the programmatic check's (cosine 0.62) than batch scaling
+    (0.40): the judge ranks within a group well, but its P(yes) is high for most attempts, so the
+    size of a group's spread says little (calibration's advantage alignment; bench/results.md)."""
     langfuse: bool = False
     """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
     seed: int = 0
@@ -330,10 +348,11 @@ class DemoConfig:
             (self.loss in ("grpo", "dr_grpo", "dapo", "gspo", "cispo"), f"unknown loss {self.loss!r}: grpo, dr_grpo, dapo, gspo or cispo"),
             (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),
             (self.reward_weight >= 0, "reward_weight must be >= 0"),
+            (self.scale_rewards in (None, "group", "batch", "none"), f"unknown scale_rewards {self.scale_rewards!r}: group, batch or none"),
             (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
-            (self.judge_method in ("scores", "verdict"), f"unknown judge_method {self.judge_method!r}: scores or verdict"),
+            (self.judge_method in DEMO_RUBRICS, f"unknown judge_method {self.judge_method!r}: scores, verdict or pairwise"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
         ]  # fmt: skip
@@ -469,7 +488,7 @@ class Demo:
 
     @property
     def rubric(self) -> str:
-        return DEMO_VERDICT_RUBRIC if self.config.judge_method == "verdict" else DEMO_RUBRIC
+        return DEMO_RUBRICS[self.config.judge_method]
 
     async def _groups(
         self,
@@ -546,7 +565,11 @@ class Demo:
         if checkpointing is None:
             checkpointing = c.base_model != "smollm2-135m"
         train_config = jm.TrainConfig(
-            learning_rate=c.learning_rate, loss=c.loss, seed=c.seed, gradient_checkpointing=checkpointing
+            learning_rate=c.learning_rate,
+            loss=c.loss,
+            seed=c.seed,
+            gradient_checkpointing=checkpointing,
+            scale_rewards=c.scale_rewards,
         )
         console.print(
             f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task "
@@ -621,6 +644,15 @@ class Demo:
                         "split": "rollouts",
                         **{f"rollouts/{k}": v for k, v in stats.items()},
                         "rollouts/seconds": rollout_s,
+                        **(
+                            {
+                                "rollouts/judge_seconds": sum(
+                                    float(g.metrics.get("judge/seconds", 0.0)) for g in groups
+                                )
+                            }
+                            if judge is not None
+                            else {}
+                        ),
                         "elapsed_s": time.monotonic() - train_started,
                     }
                 )

@@ -43,6 +43,7 @@ from journeyman.model import Backend, Model, Registration, TrainableModel, Train
 from journeyman.records import CompletionRecord
 from journeyman.remote import RemoteBackend
 from journeyman.ruler import (
+    DEFAULT_PAIRWISE_RUBRIC,
     DEFAULT_RUBRIC,
     DEFAULT_VERDICT_RUBRIC,
     Judgement,
@@ -70,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_PAIRWISE_RUBRIC",
     "DEFAULT_RUBRIC",
     "DEFAULT_VERDICT_RUBRIC",
     "AdapterError",

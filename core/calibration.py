@@ -21,6 +21,13 @@ measured, per group and over all of them:
   same way in every presentation (its agreement with itself when only the order changes).
 - ``first_position_bias``: how much higher a trajectory scores when it is shown first than its
   mean over all presentations. 0 for a judge that reads content only.
+- ``advantage_alignment``: the cosine between the GRPO advantages the judged scores give and those
+  the known rewards give, over every trajectory of every group (groups where the known reward is
+  constant included: there any judged advantage is noise). 1: a training step on the judge moves
+  the model as one on the known reward would; 0: unrelated. With ``scale="group"`` each group's
+  advantages are divided by its std, as the trainer does by default; with ``"none"`` they are not
+  (``"batch"`` divides all by one number, so its cosine is the same). ``noise_share`` is the part
+  of the judged advantages' squared sum that falls in groups whose known rewards are all equal.
 - ties, failed presentations (the judge's errors, recorded and counted, never raised), judge calls,
   seconds and tokens.
 
@@ -38,14 +45,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
 from journeyman.ruler import Method, judge_trajectories
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
-__all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "known_reward"]
+__all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "group_advantages", "known_reward"]
+
+Scale = Literal["group", "batch", "none"]
+"""How GRPO scales a group's advantages (``TrainConfig.scale_rewards``)."""
+_TABLE_SCALES: tuple[tuple[Scale, str], ...] = (
+    ("group", "scaled by group std"),
+    ("none", "unscaled or batch-scaled"),
+)
 
 
 def known_reward(trajectory: Trajectory) -> float | None:
@@ -170,6 +184,35 @@ class Calibration:
         nowhere, show in ``pairwise_accuracy`` (counted half) and ``ties``."""
         return self.p_value < alpha
 
+    def _advantages(self, scale: Scale) -> tuple[list[float], list[float], list[bool]]:
+        """Judged and known advantages of every scored trajectory, and whether its group's known
+        rewards vary."""
+        judged: list[float] = []
+        known: list[float] = []
+        varies: list[bool] = []
+        for group in self.groups:
+            if not group.scores:
+                continue
+            judged += group_advantages(group.scores, scale)
+            known += group_advantages(group.rewards, scale)
+            varies += [len(set(group.rewards)) > 1] * len(group.rewards)
+        return judged, known, varies
+
+    def advantage_alignment(self, scale: Scale = "group") -> float | None:
+        """The cosine between judged and known advantages (see the module's docstring); None when
+        either is all zero."""
+        judged, known, _ = self._advantages(scale)
+        norm = math.sqrt(sum(a * a for a in judged) * sum(b * b for b in known))
+        return None if norm == 0 else sum(a * b for a, b in zip(judged, known, strict=True)) / norm
+
+    def noise_share(self, scale: Scale = "group") -> float | None:
+        """The share of the judged advantages' squared sum in groups whose known rewards are equal."""
+        judged, _, varies = self._advantages(scale)
+        total = sum(a * a for a in judged)
+        return (
+            None if total == 0 else sum(a * a for a, v in zip(judged, varies, strict=True) if not v) / total
+        )
+
     def to_dict(self) -> dict[str, Any]:
         summary = {
             name: getattr(self, name)
@@ -178,6 +221,9 @@ class Calibration:
                 "position_consistency", "first_position_bias", "p_value",
             )
         }  # fmt: skip
+        for scale in ("group", "none"):
+            summary[f"advantage_alignment_{scale}"] = self.advantage_alignment(scale)
+            summary[f"noise_share_{scale}"] = self.noise_share(scale)
         groups = [
             {
                 **asdict(group),
@@ -214,6 +260,13 @@ class Calibration:
         lines.append(
             f"judge {self.judge} ({self.method}), {self.orders} presentation(s) a group: {verdict} (sign test p = {self.p_value:.3g})"
             + (f"; {len(self.skipped)} group(s) skipped" if self.skipped else "")
+        )
+        lines.append(
+            "advantages vs the known reward's: cosine "
+            + ", ".join(
+                f"{_number(self.advantage_alignment(scale))} ({label}; noise share {_number(self.noise_share(scale))})"
+                for scale, label in _TABLE_SCALES
+            )
         )
         return "\n".join(lines)
 
@@ -361,6 +414,16 @@ def _content(trajectory: Trajectory) -> str:
         for history in trajectory.histories
     ]
     return json.dumps(histories, sort_keys=True, default=str)
+
+
+def group_advantages(rewards: list[float], scale: Scale = "group", eps: float = 1e-6) -> list[float]:
+    """GRPO's advantages of one group, as the trainer computes them: reward less the group's mean,
+    divided by the group's std with ``scale="group"``; all 0 when the rewards are equal."""
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if len(rewards) < 2 or std <= eps:
+        return [0.0] * len(rewards)
+    return [(r - mean) / (std + eps if scale == "group" else 1.0) for r in rewards]
 
 
 def kendall_tau(x: list[float], y: list[float]) -> float | None:

@@ -10,10 +10,12 @@ check can still be trained on::
         after_each=lambda group: jm.ruler_score_group(group, judge=judge),
     )
 
-What the judge sees: the messages every trajectory starts with, once, as ``<context>``; the tool
-schemas, once when all histories share them (else with each history); then each distinct
-trajectory under an id, with every history it holds. Identical trajectories are judged once and
-share the score.
+What the judge sees: the tools, one line each, once when all histories share them (else with each
+history); the messages every trajectory starts with, once, as ``<context>``; then each distinct
+trajectory under an id, with every history it holds. Messages read as a tagged transcript
+(``<user>``, ``<assistant>``, ``<call>add {"a": 2, "b": 3}</call>``, ``<tool name="add">5</tool>``),
+not as API JSON: call ids and empty fields tell a judge nothing and cost a small one a third of
+what it reads. Trajectories that read the same are judged once and share the score.
 
 What is checked: the answer is a JSON schema-constrained object where the endpoint supports it,
 else found in free text. Scores are matched to trajectories by id, never by position; a score
@@ -52,6 +54,7 @@ from journeyman.messages import Item, Tool
 from journeyman.trajectory import History, Trajectory, TrajectoryGroup
 
 __all__ = [
+    "DEFAULT_PAIRWISE_RUBRIC",
     "DEFAULT_RUBRIC",
     "DEFAULT_VERDICT_RUBRIC",
     "Judgement",
@@ -74,7 +77,8 @@ DEFAULT_RUBRIC = """\
 
 _SYSTEM = """\
 You judge the work of an AI agent. Every trajectory below is an attempt at the same task; infer the \
-task and what success means from the conversation. Give each trajectory a score between 0 and 1. \
+task and what success means from the conversation. In a transcript, <call> holds a tool call the \
+agent made and <tool> the result it got back. Give each trajectory a score between 0 and 1. \
 The scores are compared with each other, so they must rank the trajectories and be spread according \
 to how much they differ in quality.
 
@@ -91,7 +95,8 @@ DEFAULT_VERDICT_RUBRIC = """\
 
 _VERDICT_SYSTEM = """\
 You check the work of an AI agent. Below is one attempt at a task; infer the task and what success \
-means from the conversation.
+means from the conversation. In the transcript, <call> holds a tool call the agent made and <tool> \
+the result it got back.
 
 Standards:
 {rubric}
@@ -100,10 +105,32 @@ Answer with one word: yes if the agent achieved the goal, no if it did not."""
 
 _VERDICT_QUESTION = "Did the agent achieve the goal? Answer yes or no."
 
-Method = Literal["scores", "verdict"]
+DEFAULT_PAIRWISE_RUBRIC = """\
+- An attempt whose final answer does what the user asked, correctly and completely, is better than one that does not.
+- Between two attempts that both succeed or both fail, the one with fewer wasted steps, tool calls or words is better."""
+
+_PAIRWISE_SYSTEM = """\
+You compare two attempts by an AI agent at the same task; infer the task and what success means \
+from the conversation. In a transcript, <call> holds a tool call the agent made and <tool> the \
+result it got back.
+
+Standards:
+{rubric}
+
+Answer with one letter: A if attempt A is better, B if attempt B is better."""
+
+_PAIRWISE_QUESTION = "Which attempt is better? Answer A or B."
+
+Method = Literal["scores", "verdict", "pairwise"]
 """How the judge scores: ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
-written out) or ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
-token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache)."""
+written out), ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
+token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache)
+or ``pairwise`` (every pair of distinct trajectories in both orders, P(A) against P(B) of the
+first token; a trajectory's score is its mean chance of beating each other one: n(n-1) prompt
+passes for n trajectories)."""
+
+_METHODS = ("scores", "verdict", "pairwise")
+_RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
 
 _CACHE_VERSION = 1
 _ENTRY_TOKENS = 48
@@ -293,15 +320,18 @@ async def judge_trajectories(
     method: Method = "scores",
 ) -> Judgement:
     """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
-    if method not in ("scores", "verdict"):
-        raise ConfigError(f"method must be 'scores' or 'verdict', got {method!r}")
+    if method not in _METHODS:
+        raise ConfigError(f"method must be 'scores', 'verdict' or 'pairwise', got {method!r}")
     if not trajectories:
         return Judgement(scores=[], judge=judge.name, distinct=0)
     if rubric is None:
-        rubric = DEFAULT_RUBRIC if method == "scores" else DEFAULT_VERDICT_RUBRIC
+        rubric = _RUBRICS[method]
     tool_dicts = [_tool_dict(tool) for tool in tools] if tools is not None else None
     conversations = [_conversations(item, tool_dicts) for item in trajectories]
-    keys = [json.dumps([c.__dict__ for c in convs], sort_keys=True) for convs in conversations]
+    keys = [  # what the judge would read: trajectories that differ only in call ids are one
+        json.dumps([[c.name, _transcript(c.messages, {}), c.tools] for c in convs], sort_keys=True)
+        for convs in conversations
+    ]
     labels: dict[str, str] = {}  # content -> the id the judge sees; identical trajectories share one
     for key in keys:
         labels.setdefault(key, str(len(labels) + 1))
@@ -310,6 +340,8 @@ async def judge_trajectories(
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
     if method == "verdict":
         by_id = await _verdicts(judge, unique, ids, rubric, judgement)
+    elif method == "pairwise":
+        by_id = await _pairwise(judge, unique, ids, rubric, judgement)
     else:
         messages = _prompt(unique, ids, rubric)
         path = _cache_path(judge, messages)
@@ -364,38 +396,84 @@ async def _ask(
     return await _retrying(judge, judgement, attempt, failed)
 
 
+async def _first_token(
+    judge: Judge, messages: list[dict[str, str]], answers: tuple[str, str], judgement: Judgement, what: str
+) -> tuple[Score, bool]:
+    """P(first answer) / P(either) of the reply's first token, as a :class:`Score`, and whether it
+    came from the cache. Retried like any judge call; a judge that puts neither answer among its
+    likeliest first tokens does not follow the prompt, and asking again at temperature 0 would not help."""
+    path = _cache_path(judge, messages)
+    cached = _read_cache(path, ["verdict"]) if path is not None else None
+    if cached is not None:
+        return cached["verdict"], True
+
+    async def attempt() -> dict[str, float]:
+        judgement.attempts += 1
+        return await judge.verdict(messages, answers)
+
+    failed = f"judge {judge.name!r} gave no {what} in {{attempts}} attempts: {{reasons}}"
+    mass = await _retrying(judge, judgement, attempt, failed)
+    first, second = answers
+    total = mass[first] + mass[second]
+    if total == 0:
+        raise JudgeError(
+            f"judge {judge.name!r} put neither {first!r} nor {second!r} among its 20 likeliest first tokens: it "
+            f"does not follow the {what} prompt; try another judge model or method='scores'"
+        )
+    p = mass[first] / total
+    score = Score(p, f"P({first}) = {p:.3f} ({first} {mass[first]:.3g}, {second} {mass[second]:.3g})", p)
+    if path is not None:
+        _write_cache(path, {"verdict": score})
+    return score, False
+
+
 async def _verdicts(
     judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
 ) -> dict[str, Score]:
     """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); by id."""
-
-    async def one(messages: list[dict[str, str]]) -> tuple[Score, bool]:
-        path = _cache_path(judge, messages)
-        cached = _read_cache(path, ["verdict"]) if path is not None else None
-        if cached is not None:
-            return cached["verdict"], True
-
-        async def attempt() -> dict[str, float]:
-            judgement.attempts += 1
-            return await judge.verdict(messages)
-
-        failed = f"judge {judge.name!r} gave no verdict in {{attempts}} attempts: {{reasons}}"
-        mass = await _retrying(judge, judgement, attempt, failed)
-        total = mass["yes"] + mass["no"]
-        if total == 0:  # at temperature 0, asking again gets the same answer
-            raise JudgeError(
-                f"judge {judge.name!r} put neither 'yes' nor 'no' among its 20 likeliest first tokens: it does "
-                "not follow the verdict prompt; try another judge model or method='scores'"
-            )
-        p = mass["yes"] / total
-        score = Score(p, f"P(yes) = {p:.3f} (yes {mass['yes']:.3g}, no {mass['no']:.3g})", p)
-        if path is not None:
-            _write_cache(path, {"verdict": score})
-        return score, False
-
-    results = await asyncio.gather(*(one(messages) for messages in _verdict_prompts(unique, rubric)))
+    results = await asyncio.gather(
+        *(
+            _first_token(judge, m, ("yes", "no"), judgement, "verdict")
+            for m in _verdict_prompts(unique, rubric)
+        )
+    )
     judgement.cached = all(cached for _, cached in results)
     return {id_: score for id_, (score, _) in zip(ids, results, strict=True)}
+
+
+async def _pairwise(
+    judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
+) -> dict[str, Score]:
+    """Every ordered pair of distinct trajectories; a trajectory's score is its mean chance of
+    winning, each pair's chance the mean of its two orders (so the order shown cancels out)."""
+    n = len(unique)
+    if n == 1:
+        return {ids[0]: Score(0.5, "the only distinct attempt: nothing to compare it with", 0.5)}
+    shared, tools_shared, head = _layout(unique)
+    bodies = [_body(conversations, shared, tools_shared) for conversations in unique]
+    system = {"role": "system", "content": _PAIRWISE_SYSTEM.format(rubric=rubric.strip())}
+    orders = [(i, j) for i in range(n) for j in range(n) if i != j]
+    prompts = [
+        [system, {"role": "user", "content": "\n".join(
+            [*head, f"<attempt id=\"A\">\n{bodies[i]}\n</attempt>", f"<attempt id=\"B\">\n{bodies[j]}\n</attempt>",
+             _PAIRWISE_QUESTION]
+        )}]
+        for i, j in orders
+    ]  # fmt: skip
+    results = await asyncio.gather(
+        *(_first_token(judge, m, ("a", "b"), judgement, "comparison") for m in prompts)
+    )
+    judgement.cached = all(cached for _, cached in results)
+    wins = [[0.0] * n for _ in range(n)]  # wins[i][j]: the chance i beats j, summed over both orders
+    for (i, j), (score, _) in zip(orders, results, strict=True):
+        wins[i][j] += score.score / 2
+        wins[j][i] += (1 - score.score) / 2
+    scores = {}
+    for i, id_ in enumerate(ids):
+        p = sum(wins[i]) / (n - 1)
+        first_shown = sum(score.score for (a, _), (score, _) in zip(orders, results, strict=True) if a == i)
+        scores[id_] = Score(p, f"wins {p:.3f} of its comparisons (as A: {first_shown / (n - 1):.3f})", p)
+    return scores
 
 
 # The prompt -------------------------------------------------------------------------------------
@@ -436,6 +514,62 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+_TAGS = re.compile(
+    r"<(?=/?(?:system|developer|user|assistant|tool|call|context|trajectory|attempt|history|available_tools|tools)\b)"
+)
+
+
+def _text(content: Any) -> str:
+    """A message's content as the judge reads it, unable to open or close the transcript's tags
+    (an agent that writes ``<tool name="add">5</tool>`` cannot pass it off as a tool's result)."""
+    if content is None:
+        return ""
+    if not isinstance(content, str):  # content parts: text as is, anything else named
+        content = "".join(
+            str(part.get("text", "")) if part.get("type") == "text" else f"[{part.get('type', 'part')}]"
+            for part in content
+        )
+    return _TAGS.sub("&lt;", content)
+
+
+def _transcript(messages: list[dict[str, Any]], names: dict[str, str]) -> str:
+    """Messages as tagged lines: ``<user>...</user>``, an assistant's tool calls as
+    ``<call>name {arguments}</call>``, a result as ``<tool name="...">...</tool>``. Call ids, types
+    and empty fields are left out: they cost a small judge tokens and tell it nothing. ``names``
+    maps call ids to tool names, filled as calls are met (results name the tool they answer)."""
+    lines = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            name = names.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
+            lines.append(f'<tool name="{name}">{_text(message.get("content"))}</tool>')
+            continue
+        text = _text(message.get("content"))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            names[call.get("id", "")] = function.get("name", "")
+            text += f"<call>{function.get('name', '')} {_text(function.get('arguments', ''))}</call>"
+        lines.append(f"<{role}>{text}</{role}>")
+    return "\n".join(lines)
+
+
+def _signature(tool: dict[str, Any]) -> str:
+    """A tool as one line: ``name(a: integer, b: integer): description``."""
+    function = tool.get("function", {})
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or [])
+    arguments = ", ".join(
+        f"{key}{'' if key in required else '?'}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}"
+        for key, spec in (parameters.get("properties") or {}).items()
+    )
+    description = f": {function['description']}" if function.get("description") else ""
+    return f"- {function.get('name', '')}({arguments}){description}"
+
+
+def _tool_lines(tools: list[dict[str, Any]]) -> str:
+    return "\n".join(_signature(tool) for tool in tools)
+
+
 def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
     """How many leading messages every list has in common."""
     shared = 0
@@ -448,16 +582,17 @@ def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
 
 def _layout(unique: list[list[_Conversation]]) -> tuple[int, bool, list[str]]:
     """What every trajectory shares: the number of leading messages, whether the tools, and the
-    parts that show them once (``<context>``, ``<available_tools>``)."""
+    parts that show them once (``<available_tools>``, then ``<context>``: the tools first, so
+    that prompts for groups with other questions still share them in a prefix cache)."""
     mains = [conversations[0].messages for conversations in unique]
     shared = _shared_prefix(mains) if len(unique) > 1 else 0
     tool_lists = [c.tools for conversations in unique for c in conversations]
     tools_shared = all(tools == tool_lists[0] for tools in tool_lists)
     head = []
-    if shared:
-        head.append(f"<context>\n{_json(mains[0][:shared])}\n</context>")
     if tools_shared and tool_lists[0]:
-        head.append(f"<available_tools>\n{_json(tool_lists[0])}\n</available_tools>")
+        head.append(f"<available_tools>\n{_tool_lines(tool_lists[0])}\n</available_tools>")
+    if shared:
+        head.append(f"<context>\n{_transcript(mains[0][:shared], {})}\n</context>")
     return shared, tools_shared, head
 
 
@@ -465,9 +600,12 @@ def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -
     """One trajectory's histories, less what every trajectory shares."""
     body = []
     for k, conversation in enumerate(conversations):
-        text = _json(conversation.messages[shared:] if k == 0 else conversation.messages)
+        names: dict[str, str] = {}
+        if k == 0 and shared:  # results in the trajectory can answer calls made in the shared start
+            _transcript(conversation.messages[:shared], names)
+        text = _transcript(conversation.messages[shared:] if k == 0 else conversation.messages, names)
         if not tools_shared and conversation.tools:
-            text = f"<tools>{_json(conversation.tools)}</tools>\n{text}"
+            text = f"<tools>\n{_tool_lines(conversation.tools)}\n</tools>\n{text}"
         if len(conversations) > 1:
             name = conversation.name or ("main" if k == 0 else f"history {k}")
             text = f'<history name="{name}">\n{text}\n</history>'

@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--judge-model", help="the judge: a local model on a vLLM server of its own (default: the base model)"
     )
-    parser.add_argument("--judge-method", choices=["scores", "verdict"], default="scores")
+    parser.add_argument("--judge-method", choices=["scores", "verdict", "pairwise"], default="scores")
     parser.add_argument("--root", type=Path, default=Path(".journeyman"))
     return parser.parse_args(argv)
 

@@ -3,10 +3,14 @@
 The example writes a small inbox (seeded, so the same every run) into SQLite FTS5, with questions
 whose answers sit in one email each. The agent has three tools: ``search_emails``, ``read_email``
 and ``answer``. The reward comes from the known answer (1 when right, a little for finding and
-reading the right email); ``--judge ruler`` mixes in a RULER score from the local base model.
+reading the right email); ``--judge ruler`` mixes in a RULER score (``--judge-weight 1
+--reward-weight 0``: the judge's alone). The inbox's last ``--val-questions`` are held out and
+evaluated before and after training.
 
     python examples/email_search/email_search.py                    # 10 steps, groups of 8
     python examples/email_search/email_search.py --steps 1 --group-size 2 --questions 2 --max-tokens 48
+    python examples/email_search/email_search.py --steps 100 --max-train-minutes 30 \\
+        --judge ruler --judge-model qwen2.5-coder-1.5b --judge-method verdict --judge-weight 1 --reward-weight 0
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import random
 import re
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +32,17 @@ from journeyman.backend import LocalBackend
 
 # The inbox ------------------------------------------------------------------------------------
 
-CITIES = ["Lisbon", "Oslo", "Denver", "Nairobi", "Osaka", "Lima", "Prague", "Dublin", "Hanoi", "Quito"]
-ITEMS = ["desk lamp", "rain jacket", "coffee grinder", "bike helmet", "yoga mat", "backpack", "kettle"]
-VENDORS = ["Brightwater Plumbing", "Northwind Energy", "Acme Insurance", "Greenleaf Gardens", "City Dental"]
-TOPICS = ["budget review", "design sync", "hiring plan", "quarterly planning", "launch retro"]
+CITIES = ["Lisbon", "Oslo", "Denver", "Nairobi", "Osaka", "Lima", "Prague", "Dublin", "Hanoi", "Quito",
+          "Tunis", "Perth", "Bergen", "Cusco", "Seville", "Tallinn", "Hobart", "Accra", "Porto", "Kyoto"]  # fmt: skip
+ITEMS = ["desk lamp", "rain jacket", "coffee grinder", "bike helmet", "yoga mat", "backpack", "kettle",
+         "standing fan", "tea set", "wall clock", "toaster", "sleeping bag", "blender", "water bottle",
+         "umbrella", "office chair"]  # fmt: skip
+VENDORS = ["Brightwater Plumbing", "Northwind Energy", "Acme Insurance", "Greenleaf Gardens", "City Dental",
+           "Bluepeak Mobile", "Harbor Storage", "Maple Vet Clinic", "Summit Gym", "Riverside Water",
+           "Copperline Internet", "Oakridge Legal"]  # fmt: skip
+TOPICS = ["budget review", "design sync", "hiring plan", "quarterly planning", "launch retro",
+          "security audit", "offsite agenda", "pricing update", "vendor review", "onboarding plan",
+          "roadmap check-in", "board prep"]  # fmt: skip
 PEOPLE = ["maria@work.example", "tom@work.example", "li@work.example", "sara@work.example"]
 NOISE = [
     ("Weekly newsletter", "Ten tips for a tidy desk and a calmer week. Unsubscribe any time."),
@@ -54,32 +66,37 @@ def _code(rng: random.Random, length: int = 6) -> str:
 
 
 def make_inbox(seed: int, size: int) -> tuple[list[Email], list[dict[str, Any]]]:
-    """``size`` emails and one question per email that holds an answer (about 3 in 4 do)."""
+    """``size`` emails and one question per email that holds an answer (about 3 in 4 do, while the
+    cities, items, vendors and topics last: each is used once, so every question picks out one email)."""
     rng = random.Random(seed)
+    pools = {name: rng.sample(values, len(values)) for name, values in
+             (("flight", CITIES), ("parcel", ITEMS), ("meeting", TOPICS), ("invoice", VENDORS))}  # fmt: skip
     emails: list[Email] = []
     questions: list[dict[str, Any]] = []
     for number in range(1, size + 1):
         date = f"2026-{rng.randint(1, 11):02d}-{rng.randint(1, 28):02d}"
         kind = rng.choice(["flight", "parcel", "meeting", "invoice", "noise"])
+        if kind != "noise" and not pools[kind]:
+            kind = "noise"
         if kind == "flight":
-            city, code = rng.choice(CITIES), _code(rng)
+            city, code = pools["flight"].pop(), _code(rng)
             subject, sender = f"Your flight to {city} is confirmed", "bookings@skyway.example"
             body = (
                 f"Thank you for booking with Skyway. Flight to {city} on {date}. Confirmation code: {code}."
             )
             question, answer = f"What is the confirmation code of my flight to {city}?", code
         elif kind == "parcel":
-            item, tracking = rng.choice(ITEMS), f"TRK{rng.randint(100000, 999999)}"
+            item, tracking = pools["parcel"].pop(), f"TRK{rng.randint(100000, 999999)}"
             subject, sender = f"Your {item} has shipped", "orders@shop.example"
             body = f"Good news: the {item} you ordered is on its way. Tracking number: {tracking}."
             question, answer = f"What is the tracking number of the {item} I ordered?", tracking
         elif kind == "meeting":
-            topic, room = rng.choice(TOPICS), f"{rng.choice('ABCDE')}{rng.randint(100, 450)}"
+            topic, room = pools["meeting"].pop(), f"{rng.choice('ABCDE')}{rng.randint(100, 450)}"
             subject, sender = f"Room for the {topic}", rng.choice(PEOPLE)
             body = f"Hi, the {topic} meeting on {date} will be held in room {room}. See you there."
             question, answer = f"In which room is the {topic} meeting?", room
         elif kind == "invoice":
-            vendor, amount = rng.choice(VENDORS), f"{rng.randint(20, 900)}.{rng.randint(0, 99):02d}"
+            vendor, amount = pools["invoice"].pop(), f"{rng.randint(20, 900)}.{rng.randint(0, 99):02d}"
             subject, sender = f"Invoice from {vendor}", "billing@" + vendor.split()[0].lower() + ".example"
             body = f"Dear customer, your invoice from {vendor} dated {date} is ready. Amount due: ${amount}."
             question, answer = f"How much do I owe {vendor}?", amount
@@ -87,13 +104,9 @@ def make_inbox(seed: int, size: int) -> tuple[list[Email], list[dict[str, Any]]]
             subject, body = rng.choice(NOISE)
             sender, question, answer = rng.choice(PEOPLE), None, None
         emails.append(Email(number, sender, date, subject, body))
-        # A question is fair only when its wording picks out one email (the same city can recur).
-        if question is not None and all(q["question"] != question for q in questions):
+        if question is not None:
             questions.append({"id": f"q{number}", "question": question, "answer": answer, "email_id": number})
-    unique = [
-        q for q in questions if sum(e.subject == emails[q["email_id"] - 1].subject for e in emails) == 1
-    ]
-    return emails, unique
+    return emails, questions
 
 
 def write_inbox(emails: list[Email], path: Path) -> None:
@@ -312,13 +325,68 @@ def _arguments(text: str) -> dict[str, Any]:
     return arguments if isinstance(arguments, dict) else {}
 
 
+RUBRICS = {
+    "verdict": """\
+- The agent achieved the goal only if it called answer with the exact value the user asked for (a confirmation \
+code, tracking number, room or amount) as written in the email the question is about, which it read.
+- An attempt that never calls answer, answers from another email, or gives a value it did not read did not achieve it.""",
+    "scores": """\
+- An attempt succeeds only if it calls answer with the exact value the user asked for (a confirmation code, \
+tracking number, room or amount) as written in the email the question is about, which it read.
+- Every success must score clearly higher than every failure; among failures, reading the right email is progress.""",
+    "pairwise": """\
+- An attempt that calls answer with the exact value the user asked for, as written in the email the question is \
+about, is better than one that does not.
+- Between two that both succeed or both fail, reading the right email and fewer wasted calls is better.""",
+}
+"""The task's rubric for each way of judging (``--judge-rubric task``): it says what success is."""
+
+
+def success(trajectory: jm.Trajectory) -> bool:
+    """The right answer, by the known answer (a judge's score, when there is one, is the reward)."""
+    return float(trajectory.metrics.get("programmatic_reward", trajectory.reward or 0.0)) == 1.0
+
+
+async def evaluate(
+    agent: Any, model: jm.TrainableModel, questions: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, float]:
+    """Held-out success at the training temperature, ``--val-samples`` runs a question, by the known answers."""
+    groups = await jm.gather_trajectory_groups(
+        (agent.group(q, n=args.val_samples) for q in questions),
+        max_exceptions=args.max_failures,
+        description=f"eval step {await model.get_step()}",
+    )
+    by_id = {q["id"]: q for q in questions}
+    trajectories = [t for g in groups for t in g]
+    for trajectory in trajectories:
+        add_episode_metrics(trajectory, by_id[str(trajectory.metadata["scenario_id"])])
+    n = max(len(trajectories), 1)
+    row = {
+        "success": sum(success(t) for t in trajectories) / n,
+        "read_right_email": sum(bool(t.metrics["read_right_email"]) for t in trajectories) / n,
+        "answered": sum(bool(t.metrics["answered"]) for t in trajectories) / n,
+        "failures": float(sum(len(g.failures) for g in groups)),
+    }
+    await model.log(groups, split="val", metrics={f"val/{k}": v for k, v in row.items()})
+    return row
+
+
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups of each step, a line per step.
+    """Evaluate on the held-out questions, train, evaluate again; returns what a test checks: the
+    model, the groups of each step, a line per step, the evaluations before and after.
     ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
     emails, questions = make_inbox(args.seed, args.inbox_size)
+    if args.val_questions >= len(questions):
+        raise SystemExit(
+            f"--val-questions {args.val_questions} leaves no question to train on (the inbox has {len(questions)})"
+        )
+    train, val = (
+        questions[: len(questions) - args.val_questions],
+        questions[len(questions) - args.val_questions :],
+    )
     write_inbox(emails, args.root / "inbox.sqlite")
     inbox = Inbox(args.root / "inbox.sqlite")
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
@@ -329,21 +397,25 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
         # The base model, answered by the policy's own server, unless --judge-model names another.
         judge = await backend.judge(model, args.judge_model, explanation_max_chars=100, timeout=300)
         after_each = functools.partial(
-            jm.ruler_score_group, judge=judge, judge_weight=0.5, reward_weight=0.5, method=args.judge_method
-        )
-    summary: dict[str, Any] = {
-        "model": model,
-        "inbox": emails,
-        "questions": questions,
-        "groups": [],
-        "lines": [],
-    }
+            jm.ruler_score_group, judge=judge, judge_weight=args.judge_weight, reward_weight=args.reward_weight,
+            method=args.judge_method, rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,
+        )  # fmt: skip
+    summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
+                               "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
+    config = jm.TrainConfig(learning_rate=args.learning_rate, scale_rewards=args.scale_rewards)
     try:
+        if val:
+            summary["before"] = await evaluate(agent, model, val, args)
+            print("before:", "  ".join(f"{k} {v:.3f}" for k, v in summary["before"].items()))
+        started = time.monotonic()
         for batch in jm.iterate_dataset(
-            questions, per_step=args.questions, epochs=args.steps, initial_step=await model.get_step()
+            train, per_step=args.questions, epochs=max(args.steps, 1), initial_step=await model.get_step()
         ):
-            if batch.step >= args.steps:  # --steps counts from step 0, resumed runs too
-                break
+            minutes = (time.monotonic() - started) / 60
+            if batch.step >= args.steps or (
+                args.max_train_minutes is not None and minutes >= args.max_train_minutes
+            ):
+                break  # --steps counts from step 0, resumed runs too
             groups = await jm.gather_trajectory_groups(
                 (agent.group(q, n=args.group_size) for q in batch.items),
                 max_exceptions=args.max_failures,
@@ -354,20 +426,27 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
             for group in groups:
                 for trajectory in group:
                     add_episode_metrics(trajectory, by_id[str(trajectory.metadata["scenario_id"])])
-            result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
+            result = await model.train(groups, config)
             trajectories = [t for g in groups for t in g]
             rewards = [r for g in groups for r in g.rewards]
             line = {
                 "step": result.step,
                 "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+                "success": sum(success(t) for t in trajectories) / max(len(trajectories), 1),
                 "answered": sum(bool(t.metrics["answered"]) for t in trajectories),
                 "read_right_email": sum(bool(t.metrics["read_right_email"]) for t in trajectories),
                 "tool_errors": sum(int(t.metrics["tool_errors"]) for t in trajectories),
                 "failures": sum(len(g.failures) for g in groups),
+                "judge_seconds": sum(float(g.metrics.get("judge/seconds", 0.0)) for g in groups),
+                "minutes": (time.monotonic() - started) / 60,
             }
             print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
             summary["groups"].append(groups)
             summary["lines"].append(line)
+        summary["train_minutes"] = (time.monotonic() - started) / 60
+        if val:
+            summary["after"] = await evaluate(agent, model, val, args)
+            print("after: ", "  ".join(f"{k} {v:.3f}" for k, v in summary["after"].items()))
     finally:
         inbox.close()
     return summary
@@ -391,7 +470,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--judge-model", help="the judge: a local model on a vLLM server of its own (default: the base model)"
     )
-    parser.add_argument("--judge-method", choices=["scores", "verdict"], default="scores")
+    parser.add_argument("--judge-method", choices=["scores", "verdict", "pairwise"], default="scores")
+    parser.add_argument(
+        "--judge-rubric", choices=["default", "task"], default="default",
+        help="the method's general rubric, or the task's own (what a right answer is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--judge-weight", type=float, default=0.5, help="reward = this x the judge's score ..."
+    )
+    parser.add_argument(
+        "--reward-weight", type=float, default=0.5, help="... + this x the known-answer reward"
+    )
+    parser.add_argument(
+        "--scale-rewards", choices=["group", "batch", "none"], default=None,
+        help="divide advantages by the group's or the batch's reward std (default: the trainer's, group)",
+    )  # fmt: skip
+    parser.add_argument("--val-questions", type=int, default=12, help="held-out questions (the inbox's last)")
+    parser.add_argument("--val-samples", type=int, default=4, help="runs per held-out question")
+    parser.add_argument("--max-train-minutes", type=float, default=None, help="stop training after this long")
     parser.add_argument("--root", type=Path, default=Path(".journeyman"))
     return parser.parse_args(argv)
 

@@ -154,6 +154,9 @@ def test_email_inbox_and_tools(tmp_path: Path) -> None:
     email = load("email_search")
     emails, questions = email.make_inbox(seed=0, size=60)
     assert (emails, questions) == email.make_inbox(seed=0, size=60)  # seeded
+    assert len(questions) == 51 and len({q["question"] for q in questions}) == 51
+    subjects = [e.subject for e in emails]
+    assert all(subjects.count(emails[q["email_id"] - 1].subject) == 1 for q in questions)  # one email each
     assert len(questions) >= 4
     email.write_inbox(emails, tmp_path / "inbox.sqlite")
     inbox = email.Inbox(tmp_path / "inbox.sqlite")
@@ -180,11 +183,17 @@ def test_email_inbox_and_tools(tmp_path: Path) -> None:
 
 async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
     email = load("email_search")
-    tiny = "--steps 1 --questions 2 --group-size 2 --max-turns 3 --max-tokens 48"
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-turns 3 --max-tokens 48 --val-questions 2 --val-samples 1"
     args = email.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await email.main(args, backend)
     await check_trained_and_served(backend, summary)
     assert (tmp_path / "inbox.sqlite").is_file()
+    # The held-out questions are the inbox's last two, never trained on, evaluated before and after.
+    assert [q["id"] for q in summary["val_questions"]] == [q["id"] for q in email.make_inbox(0, 60)[1][-2:]]
+    assert not {q["id"] for q in summary["val_questions"]} & {q["id"] for q in summary["questions"]}
+    for evaluation in (summary["before"], summary["after"]):
+        assert 0 <= evaluation["success"] <= evaluation["answered"] + 1e-9 and evaluation["failures"] <= 2
+    assert summary["model"].store.steps("val") == [0, 1]
     groups = summary["groups"][0]
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     few_shot = len(email.FEW_SHOT)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.calibration import kendall_tau, presentation_orders
+from journeyman.calibration import group_advantages, kendall_tau, presentation_orders
 from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}
@@ -209,7 +209,8 @@ async def test_the_report_saves_as_json_with_each_group(
     assert data["groups"][0]["rewards"] == [t.reward for t in GROUPS[0].trajectories]
     assert data["groups"][0]["scores"] == data["groups"][0]["rewards"]  # a perfect judge's mean scores
     lines = report.table().splitlines()
-    assert lines[0].split()[:3] == ["group", "n", "pairs"] and lines[-2].split()[0] == "all"
+    assert lines[0].split()[:3] == ["group", "n", "pairs"] and lines[-3].split()[0] == "all"
+    assert lines[-1].startswith("advantages vs the known reward's: cosine 1.00")
 
 
 async def test_cached_presentations_are_counted(script: ScriptedJudge, tmp_path: Path) -> None:
@@ -304,3 +305,40 @@ async def test_a_verdict_judge_is_calibrated_from_one_presentation(
 
 def trajectory_texts_alone(request: dict[str, Any]) -> list[str]:
     return re.findall(r"<trajectory>\n(.*?)\n</trajectory>", request["messages"][-1]["content"], re.DOTALL)
+
+
+def test_advantages_are_grpo_s() -> None:
+    assert group_advantages([1.0, 0.0]) == pytest.approx([1.0, -1.0], rel=1e-5)
+    assert group_advantages([1.0, 0.0], "none") == pytest.approx([0.5, -0.5])
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    assert group_advantages([0.7]) == [0.0]
+
+
+async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """A judge that ranks mixed groups right but scores attempts of equal known reward a little
+    apart: scaled by each group's std, that little spread becomes advantages as large as the real
+    ones; unscaled, it stays small."""
+    mixed = [group([0.0, 1.0, 0.0, 1.0], seed) for seed in range(2)]
+    solved = [group([1.0, 1.0, 1.0, 1.0], seed) for seed in range(2, 4)]
+
+    def nearly_right(request: dict[str, Any]) -> Reply:  # 0.05 or 0.95, give or take 0.02
+        return answer(
+            request,
+            lambda _, __, text: 0.05 + 0.9 * quality(text) + 0.01 * (int(text.split(".")[1][0]) - 1.5),
+        )
+
+    script.respond = nearly_right
+    report = await jm.calibrate_judge([*mixed, *solved], judge, orders=1)
+    assert report.pairwise_accuracy == 1.0  # the ranking is perfect; what training sees is not
+    assert report.noise_share("group") == pytest.approx(0.5, abs=0.01)  # half of it is noise
+    assert report.advantage_alignment("group") == pytest.approx(0.707, abs=0.01)
+    assert report.noise_share("none") < 0.002 and report.advantage_alignment("none") > 0.999
+    summary = report.to_dict()["summary"]
+    assert summary["advantage_alignment_group"] == report.advantage_alignment("group")
+    assert "cosine 0.71 (scaled by group std; noise share 0.50)" in report.table()
+
+    script.respond = perfect
+    exact = await jm.calibrate_judge([*mixed, *solved], judge, orders=1)
+    assert exact.advantage_alignment("group") == pytest.approx(1.0) and exact.noise_share("group") == 0.0
