@@ -138,28 +138,35 @@ DEFAULT_JUDGE_MODEL = "qwen2.5-coder-1.5b"
 """The demo's local judge: with verdicts, it ranked 87% of the demo's pairs right, the smaller
 models at most 72%, and its judged 10-minute run raised held-out success (bench/results.md)."""
 
-DEMO_RUBRIC = """\
-- The task is one arithmetic question. An attempt succeeds only if its final message states the exact result \
-of that arithmetic for the question's own numbers (the result of the right add or multiply call).
+_DEMO_SUCCESS = """\
+- The task is one arithmetic question, and the agent must compute with its tools. It succeeds only if it \
+called add or multiply with the question's own numbers and its final message states the number in that \
+call's <tool> result.
+- Only a <tool> block is a tool result. A number the agent wrote itself, even one that looks like a \
+calculation or a tool response, is not: do not redo the arithmetic, check that the final number is copied \
+from the <tool> result of the right call.
 - An attempt that ends without a final answer, keeps calling tools, uses other numbers or the wrong \
-operation, or states a wrong number has failed, however it reads.
-- Every success must score clearly higher than every failure; among successes, fewer tool calls and words score higher."""
-"""The demo's rubric for RULER scores: it says what success is."""
+operation, or states another number has failed, however it reads."""
 
-DEMO_VERDICT_RUBRIC = """\
-- The task is one arithmetic question. The agent achieved the goal only if its final message states the exact \
-result of that arithmetic for the question's own numbers (the result of the right add or multiply call).
-- An attempt that ends without a final answer, keeps calling tools, uses other numbers or the wrong \
-operation, or states a wrong number did not achieve it."""
+DEMO_RUBRIC = (
+    _DEMO_SUCCESS
+    + """
+- Every success must score clearly higher than every failure; among successes, fewer tool calls and words score higher."""
+)
+"""The demo's rubric for RULER scores: it says what success is, and how to check it without arithmetic
+(the 1.5B judge gave "23 * 22 = 56" written without a tool 0.94, and taught the policy to skip tools)."""
+
+DEMO_VERDICT_RUBRIC = _DEMO_SUCCESS.replace("It succeeds only", "It achieved the goal only").replace(
+    "has failed, however it reads", "did not achieve it, however it reads"
+)
 """The same for verdicts."""
 
-DEMO_PAIRWISE_RUBRIC = """\
-- The task is one arithmetic question. An attempt succeeds only if its final message states the exact result \
-of that arithmetic for the question's own numbers (the result of the right add or multiply call); one that \
-ends without a final answer, keeps calling tools, uses other numbers or the wrong operation, or states a wrong \
-number has failed, however it reads.
+DEMO_PAIRWISE_RUBRIC = (
+    _DEMO_SUCCESS
+    + """
 - An attempt that succeeds is better than one that fails; between two that both succeed or both fail, the one \
 with fewer tool calls and words is better."""
+)
 """The same for pairwise comparisons."""
 
 DEMO_RUBRICS = {"scores": DEMO_RUBRIC, "verdict": DEMO_VERDICT_RUBRIC, "pairwise": DEMO_PAIRWISE_RUBRIC}
@@ -285,9 +292,11 @@ class DemoConfig:
     loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = "dapo"
     rank: int = 8
     gradient_checkpointing: bool | None = None
-    """Recompute activations in the backward pass. None: on for models other than SmolLM2: the
-    0.5B's fp32 activations for a 4096-token micro-batch take ~10 GB, which next to its vLLM
-    server ran a 24 GiB machine out of memory."""
+    """Recompute activations in the backward pass. None: on for models other than SmolLM2 and
+    whenever a judge has a server of its own: the 0.5B's fp32 activations for a 4096-token
+    micro-batch take ~10 GB, which next to its vLLM server ran a 24 GiB machine out of memory,
+    and SmolLM2's training step (8.7 GB) beside the 1.5B judge's fp32 server (11.7 GB) and the
+    policy's (4.8 GB) did the same (bench/results.md)."""
     shaping: float = 0.0
     judge: Literal["none", "ruler"] = "none"
     """``ruler``: an LLM judge ranks each training group, and its score is the reward."""
@@ -563,7 +572,10 @@ class Demo:
         )
         checkpointing = c.gradient_checkpointing
         if checkpointing is None:
-            checkpointing = c.base_model != "smollm2-135m"
+            own_judge_server = (
+                c.judge == "ruler" and c.judge_base_url is None and not self.judge_is_policy_base
+            )
+            checkpointing = c.base_model != "smollm2-135m" or own_judge_server
         train_config = jm.TrainConfig(
             learning_rate=c.learning_rate,
             loss=c.loss,

@@ -2,7 +2,8 @@
 
 A watchdog checks the vLLM process every ``watch_interval`` seconds: if it died, requests get
 503 from the gateway (clients fail fast, nothing hangs) while it is started again and the kept
-adapters are loaded back, so the current version answers as before.
+adapters are loaded back, so the current version answers as before. A judge's server
+(:meth:`LocalBackend.start_judge`) is restarted the same way.
 
 Rollouts and training alternate (gather, then train), so by default both may use every core:
 vLLM's inference threads are bound to all cores, and the trainer uses as many threads. Set
@@ -83,6 +84,7 @@ class LocalBackend:
         self.records: RecordLog | None = None
         self.watch_interval = watch_interval
         self.restarts = 0
+        self.judge_restarts = 0
         """How many times the watchdog restarted a vLLM server that died."""
         self._base: Path | str | None = None
         self._trainers: dict[str, Trainer] = {}
@@ -152,9 +154,13 @@ class LocalBackend:
         return Replicas(servers)
 
     async def _watch(self) -> None:
-        """Restart vLLM when its process has exited, and load the kept adapters again."""
+        """Restart vLLM when its process has exited, and load the kept adapters again; restart a
+        judge's server the same way (its requests fail, are retried and recorded meanwhile)."""
         while True:
             await asyncio.sleep(self.watch_interval)
+            for name, server in list(self.judge_servers.items()):
+                if server.exit_code() is not None:
+                    await self._restart_judge(name, server)
             if self.router is None or self.router.server.exit_code() is None:
                 continue
             try:
@@ -164,6 +170,20 @@ class LocalBackend:
             except Exception:
                 logger.exception("restarting vLLM failed; trying again in %.0f s", 10 * self.watch_interval)
                 await asyncio.sleep(10 * self.watch_interval)
+
+    async def _restart_judge(self, name: str, server: VLLMServer) -> None:
+        logger.warning(
+            "the judge server for %s exited (code %s; killed for memory if -9: see %s); restarting it",
+            name, server.exit_code(), server.log_path,
+        )  # fmt: skip
+        try:
+            server.stop()
+            server.launch()
+            await asyncio.to_thread(server.wait_healthy)
+            self.judge_restarts += 1
+        except Exception:
+            logger.exception("restarting the judge server for %s failed; trying again later", name)
+            await asyncio.sleep(10 * self.watch_interval)
 
     async def register(self, model: TrainableModel) -> Registration:
         for folder in (self.root, model.store.path):  # fail now, not after vLLM started
@@ -239,6 +259,8 @@ class LocalBackend:
                 server.stop()
                 raise
             self.judge_servers[model] = server
+            if self._watchdog is None:  # a backend that serves no policy still watches its judges
+                self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
         return Judge(server.config.served_name, base_url=f"{server.base_url}/v1", **judge)
 
     async def judge(self, model: TrainableModel, judge_model: str | None = None, **judge: Any) -> Judge:

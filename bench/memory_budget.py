@@ -8,13 +8,14 @@ Every ``--every`` seconds it reads, for each process under the command, its prop
 across them) from ``/proc/<pid>/smaps_rollup``, sums it by role, and reads the machine's used
 memory (MemTotal - MemAvailable). It writes ``memory.csv`` (one row a sample) and
 ``memory.png``, and prints each role's peak and the peak of the whole. The command's own output
-goes on as usual.
+goes on as usual; SIGINT or SIGTERM is passed on to it, and what was sampled is still written.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import signal
 import subprocess
 import sys
 import time
@@ -87,6 +88,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     baseline = used()
     process = subprocess.Popen(command)
+    # Ctrl-C or a kill stops the command, not the sampling: the samples so far are still written.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda number, _frame: process.send_signal(number))
     servers: dict[int, str] = {}
     rows: list[dict[str, float]] = []
     start = time.monotonic()
@@ -94,9 +98,7 @@ def main() -> int:
         by_role: dict[str, float] = {}
         for pid in _children(process.pid):
             by_role[role(pid, servers)] = by_role.get(role(pid, servers), 0.0) + _pss(pid) / GIB
-        rows.append(
-            {"seconds": time.monotonic() - start, "machine used": used() / GIB, **by_role}
-        )
+        rows.append({"seconds": time.monotonic() - start, "machine used": used() / GIB, **by_role})
         time.sleep(args.every)
     names = sorted({key for row in rows for key in row} - {"seconds"})
     with (args.out / "memory.csv").open("w", newline="") as file:

@@ -6,8 +6,11 @@ structured output (a JSON schema with one required key per trajectory id) guaran
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -124,5 +127,16 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
         assert await model.get_step() == 2
         assert await model.list_checkpoints() == [0, 1, 2]
         assert len(records) == 2 * len(TASKS) * 4  # the rollouts' calls only: judging is not recorded
+
+        # A judge server that dies (the kernel's OOM killer picks the biggest process) is restarted
+        # by the backend's watchdog, as the policy's is, and judges again.
+        assert judge_server.pid is not None
+        os.kill(judge_server.pid, signal.SIGKILL)
+        while backend.judge_restarts == 0:
+            await asyncio.sleep(1)
+        assert judge_server.is_running()
+        group = jm.TrajectoryGroup([await rollout(TASKS[1]) for _ in range(4)])
+        again = await jm.ruler_score_group(group, judge=judge, method="verdict")  # no answer to parse
+        assert again.metrics["judge/failed"] == 0 and all(t.reward is not None for t in again)
         await judge.aclose()
     assert not judge_server.is_running() and not backend.judge_servers  # stopped with the backend

@@ -257,7 +257,7 @@ async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, any
     assert report["summary"]["pairs"] == 8 and report["summary"]["pairwise_accuracy"] == 0.0
     assert "NOT better than chance" in demo.console.export_text()
     assert (
-        "exact result of that arithmetic" in script.received[0]["messages"][0]["content"]
+        "Only a <tool> block is a tool result" in script.received[0]["messages"][0]["content"]
     )  # the task rubric
 
 
@@ -269,7 +269,7 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
         default.judge_model == DEFAULT_JUDGE_MODEL == "qwen2.5-coder-1.5b"
         and not default.judge_is_policy_base
     )
-    assert default.config.judge_method == "verdict" and "exact result" in default.rubric
+    assert default.config.judge_method == "verdict" and "copied from the <tool> result" in default.rubric
     own = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_method="scores"))
     assert own.judge_is_policy_base and "Every success must score clearly higher" in own.rubric
     assert Demo(DemoConfig(judge="ruler", base_model=DEFAULT_JUDGE_MODEL)).judge_is_policy_base
