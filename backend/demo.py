@@ -455,6 +455,15 @@ class Demo:
         return c.judge_model or DEFAULT_JUDGE_MODEL
 
     @property
+    def gradient_checkpointing(self) -> bool:
+        """``DemoConfig.gradient_checkpointing``, or on unless the model is SmolLM2 with no judge server."""
+        c = self.config
+        if c.gradient_checkpointing is not None:
+            return c.gradient_checkpointing
+        own_judge_server = c.judge == "ruler" and c.judge_base_url is None and not self.judge_is_policy_base
+        return c.base_model != "smollm2-135m" or own_judge_server
+
+    @property
     def judge_is_policy_base(self) -> bool:
         """The local judge is the policy's base model, answered by the policy's own server."""
         c = self.config
@@ -570,17 +579,11 @@ class Demo:
             root=c.root,
             lora=jm.LoRAConfig(rank=c.rank, alpha=2.0 * c.rank),
         )
-        checkpointing = c.gradient_checkpointing
-        if checkpointing is None:
-            own_judge_server = (
-                c.judge == "ruler" and c.judge_base_url is None and not self.judge_is_policy_base
-            )
-            checkpointing = c.base_model != "smollm2-135m" or own_judge_server
         train_config = jm.TrainConfig(
             learning_rate=c.learning_rate,
             loss=c.loss,
             seed=c.seed,
-            gradient_checkpointing=checkpointing,
+            gradient_checkpointing=self.gradient_checkpointing,
             scale_rewards=c.scale_rewards,
         )
         console.print(

@@ -275,3 +275,14 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
     assert Demo(DemoConfig(judge="ruler", base_model=DEFAULT_JUDGE_MODEL)).judge_is_policy_base
     hosted = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_base_url="https://x/v1"))
     assert not hosted.judge_is_policy_base  # a hosted judge, whatever its name
+    # The trainer recomputes activations whenever a judge's server shares the memory (it ran out without).
+    assert (
+        default.gradient_checkpointing
+        and not own.gradient_checkpointing
+        and not hosted.gradient_checkpointing
+    )
+    assert (
+        not Demo(DemoConfig()).gradient_checkpointing
+        and Demo(DemoConfig(base_model="qwen2.5-coder-0.5b")).gradient_checkpointing
+    )
+    assert not Demo(DemoConfig(judge="ruler", gradient_checkpointing=False)).gradient_checkpointing
