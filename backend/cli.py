@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, cast, get_args
 
 import typer
 from rich.console import Console
@@ -404,7 +404,7 @@ def judge_calibrate(
     from journeyman.calibration import known_reward
     from journeyman.ruler import Method
 
-    if method not in ("scores", "verdict", "pairwise"):
+    if method not in get_args(Method):
         raise typer.BadParameter(f"--method must be scores, verdict or pairwise, got {method!r}")
     store = ModelStore(project, model, root=root)
     steps = step or _stored_steps(store, split)

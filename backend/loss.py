@@ -57,7 +57,7 @@ from typing import Literal
 
 import torch
 
-from journeyman.config import LossType
+from journeyman.config import LossType, Scale
 
 __all__ = [
     "LOSSES",
@@ -74,7 +74,6 @@ __all__ = [
 ]
 
 Aggregation = Literal["sequence_mean", "token_mean", "constant"]
-Scale = Literal["group", "batch", "none"]
 
 
 def advantages(

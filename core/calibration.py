@@ -45,8 +45,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from journeyman.config import Scale
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
 from journeyman.ruler import Method, judge_trajectories
@@ -54,8 +55,6 @@ from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "group_advantages", "known_reward"]
 
-Scale = Literal["group", "batch", "none"]
-"""How GRPO scales a group's advantages (``TrainConfig.scale_rewards``)."""
 _TABLE_SCALES: tuple[tuple[Scale, str], ...] = (
     ("group", "scaled by group std"),
     ("none", "unscaled or batch-scaled"),
@@ -221,7 +220,7 @@ class Calibration:
                 "position_consistency", "first_position_bias", "p_value",
             )
         }  # fmt: skip
-        for scale in ("group", "none"):
+        for scale, _ in _TABLE_SCALES:
             summary[f"advantage_alignment_{scale}"] = self.advantage_alignment(scale)
             summary[f"noise_share_{scale}"] = self.noise_share(scale)
         groups = [

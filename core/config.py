@@ -19,6 +19,10 @@ _EPSILON = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.2, "gspo": 3e-4, "cispo": 0.2
 _EPSILON_HIGH = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.28, "gspo": 4e-4, "cispo": 5.0}
 
 
+Scale = Literal["group", "batch", "none"]
+"""How GRPO scales a group's advantages: by the group's reward std, the batch's, or not at all."""
+
+
 class TrainConfig(BaseModel):
     """One training step's settings. See :mod:`journeyman.backend.loss` for the formulas."""
 
@@ -32,7 +36,7 @@ class TrainConfig(BaseModel):
     """Lower clip range (ratio >= 1 - epsilon). Default: 0.2, or 3e-4 for gspo."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range. Default: 0.28 for dapo, 4e-4 for gspo, 5.0 for cispo, else epsilon."""
-    scale_rewards: Literal["group", "batch", "none"] | None = None
+    scale_rewards: Scale | None = None
     """Divide advantages by the group's or the batch's reward std. Default: none for dr_grpo, else group."""
     beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the base model (k3 estimator); 0 skips the reference forward pass."""
@@ -73,7 +77,7 @@ class TrainConfig(BaseModel):
         )
 
     @property
-    def effective_scale_rewards(self) -> Literal["group", "batch", "none"]:
+    def effective_scale_rewards(self) -> Scale:
         if self.scale_rewards is not None:
             return self.scale_rewards
         return "none" if self.loss == "dr_grpo" else "group"

@@ -46,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge, JudgeCallError
@@ -129,7 +129,7 @@ or ``pairwise`` (every pair of distinct trajectories in both orders, P(A) agains
 first token; a trajectory's score is its mean chance of beating each other one: n(n-1) prompt
 passes for n trajectories)."""
 
-_METHODS = ("scores", "verdict", "pairwise")
+_METHODS = get_args(Method)
 _RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
 
 _CACHE_VERSION = 1

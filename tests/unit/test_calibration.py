@@ -314,6 +314,20 @@ def test_advantages_are_grpo_s() -> None:
     assert group_advantages([0.7]) == [0.0]
 
 
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_group_advantages_match_the_trainers(scale: str) -> None:
+    """Core's torch-free twin of backend/loss.py ``advantages``, group by group."""
+    torch = pytest.importorskip("torch")
+    from journeyman.backend.loss import advantages
+
+    groups = [[0.2, 0.9, 0.4, 0.9], [1.0, 1.0, 1.0], [0.0, 1.0], [0.5]]
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float64)
+    index = torch.tensor([k for k, g in enumerate(groups) for _ in g])
+    trainer, _ = advantages(rewards, index, scale)  # type: ignore[arg-type]
+    ours = [a for g in groups for a in group_advantages(g, scale)]  # type: ignore[arg-type]
+    assert ours == pytest.approx(trainer.tolist(), abs=1e-9)
+
+
 async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
     script: ScriptedJudge, judge: jm.Judge
 ) -> None:
