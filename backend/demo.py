@@ -156,10 +156,15 @@ DEMO_RUBRIC = (
 """The demo's rubric for RULER scores: it says what success is, and how to check it without arithmetic
 (the 1.5B judge gave "23 * 22 = 56" written without a tool 0.94, and taught the policy to skip tools)."""
 
-DEMO_VERDICT_RUBRIC = _DEMO_SUCCESS.replace("It succeeds only", "It achieved the goal only").replace(
-    "has failed, however it reads", "did not achieve it, however it reads"
-)
-"""The same for verdicts."""
+DEMO_VERDICT_RUBRIC = """\
+- The task is one arithmetic question, and the agent must compute with its tools. It achieved the goal only if it \
+called the question's operation (add for a sum, multiply for a product) with the question's own numbers, and its \
+final message states the number that call returned.
+- An attempt that got no tool result, ends without a final answer, uses other numbers or the wrong operation, or \
+states another number did not achieve it, however it reads."""
+"""The same for verdicts, which end with the attempt's outcome (the tool results it got, its final
+message): the rubric names the operation, since with "add or multiply" the 1.5B passed products
+answering sums (P(yes) 0.94)."""
 
 DEMO_PAIRWISE_RUBRIC = (
     _DEMO_SUCCESS

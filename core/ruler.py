@@ -514,14 +514,11 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-_TAGS = re.compile(
-    r"<(?=/?(?:system|developer|user|assistant|tool|call|context|trajectory|attempt|history|available_tools|tools)\b)"
-)
-
-
 def _text(content: Any) -> str:
-    """A message's content as the judge reads it, unable to open or close the transcript's tags
-    (an agent that writes ``<tool name="add">5</tool>`` cannot pass it off as a tool's result)."""
+    """A message's content as the judge reads it, with every ``<`` written ``&lt;``: nothing an agent
+    or a tool wrote can open or close the transcript's tags, nor pass for markup the judge knows
+    (an agent that writes ``<tool name="add">5</tool>``, or the ``<tool_response>`` of Qwen's own chat
+    template, cannot pass it off as a tool's result)."""
     if content is None:
         return ""
     if not isinstance(content, str):  # content parts: text as is, anything else named
@@ -529,7 +526,7 @@ def _text(content: Any) -> str:
             str(part.get("text", "")) if part.get("type") == "text" else f"[{part.get('type', 'part')}]"
             for part in content
         )
-    return _TAGS.sub("&lt;", content)
+    return content.replace("<", "&lt;")
 
 
 def _transcript(messages: list[dict[str, Any]], names: dict[str, str]) -> str:
@@ -613,6 +610,32 @@ def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -
     return "\n".join(body)
 
 
+def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
+    """What an attempt came to, in two lines a small judge cannot miss: the tool results it got (in
+    every history, after the shared start) and its final message. A made-up result in the agent's
+    own words is then plainly not among the tool results: the 1.5B's P(yes) for final answers
+    written after a fake ``<tool_response>`` fell from 0.78 to 0.59 on average, below other failures.
+    None for an attempt with no tools and no tool results (saying "none" would read as a failure)."""
+    names: dict[str, str] = {}
+    results = []
+    for k, conversation in enumerate(conversations):
+        for n, message in enumerate(conversation.messages):
+            for call in message.get("tool_calls") or []:
+                names[call.get("id", "")] = call.get("function", {}).get("name", "")
+            if message["role"] == "tool" and (k > 0 or n >= shared):
+                name = names.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
+                results.append(f"{name} returned {_text(message.get('content')).strip()}")
+    if not results and not any(c.tools for c in conversations):
+        return None
+    main = conversations[0].messages[shared:]
+    final = next((m for m in reversed(main) if m["role"] == "assistant" and not m.get("tool_calls")), None)
+    said = _text(final.get("content")).strip() if final is not None else ""
+    return (
+        f"<outcome>\nTool results the agent got: {'; '.join(results) or 'none (it got no tool result)'}\n"
+        f"Its final message: {said or 'none'}\n</outcome>"
+    )
+
+
 def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> list[dict[str, str]]:
     shared, tools_shared, parts = _layout(unique)
     parts.append("Trajectories:")
@@ -629,12 +652,13 @@ def _verdict_prompts(unique: list[list[_Conversation]], rubric: str) -> list[lis
     with prefix caching reads that start once."""
     shared, tools_shared, head = _layout(unique)
     system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip())}
-    return [
-        [system, {"role": "user", "content": "\n".join(
-            [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>", _VERDICT_QUESTION]
-        )}]
-        for conversations in unique
-    ]  # fmt: skip
+    prompts = []
+    for conversations in unique:
+        parts = [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>"]
+        outcome = _outcome(conversations, shared)
+        parts += [outcome, _VERDICT_QUESTION] if outcome is not None else [_VERDICT_QUESTION]
+        prompts.append([system, {"role": "user", "content": "\n".join(parts)}])
+    return prompts
 
 
 def _schema(ids: list[str], explanation_max_chars: int | None) -> dict[str, Any]:
