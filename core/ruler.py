@@ -526,7 +526,7 @@ def _text(content: Any) -> str:
             str(part.get("text", "")) if part.get("type") == "text" else f"[{part.get('type', 'part')}]"
             for part in content
         )
-    return content.replace("<", "&lt;")
+    return str(content).replace("<", "&lt;")
 
 
 def _transcript(messages: list[dict[str, Any]], names: dict[str, str]) -> str:
