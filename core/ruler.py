@@ -611,27 +611,44 @@ def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -
 
 
 def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
-    """What an attempt came to, in two lines a small judge cannot miss: the tool results it got (in
-    every history, after the shared start) and its final message. A made-up result in the agent's
-    own words is then plainly not among the tool results: the 1.5B's P(yes) for final answers
-    written after a fake ``<tool_response>`` fell from 0.78 to 0.59 on average, below other failures.
-    None for an attempt with no tools and no tool results (saying "none" would read as a failure)."""
-    names: dict[str, str] = {}
+    """What an attempt came to, in lines a small judge cannot miss: the user's request it answers,
+    each tool call it made with its arguments and result (in every history, after the shared start),
+    and its final message. A result the agent made up in its own words is then plainly not a tool's,
+    and a call that does not fit the request sits next to it. None for an attempt with no tools and
+    no tool results (saying "none" would read as a failure).
+
+    Measured on the demo's groups (the 1.5B, verdicts): with the tool results and the final message,
+    P(yes) for answers written after a fake ``<tool_response>`` fell from 0.78 to 0.48 on average;
+    with the request and the calls' arguments as well, the pairs it ranked right in groups where the
+    policy called multiply for sums rose from 65% to 75%."""
+    calls: dict[str, str] = {}
     results = []
     for k, conversation in enumerate(conversations):
         for n, message in enumerate(conversation.messages):
             for call in message.get("tool_calls") or []:
-                names[call.get("id", "")] = call.get("function", {}).get("name", "")
+                function = call.get("function", {})
+                calls[call.get("id", "")] = (
+                    f"{function.get('name', '')} {_text(function.get('arguments', ''))}"
+                )
             if message["role"] == "tool" and (k > 0 or n >= shared):
-                name = names.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
-                results.append(f"{name} returned {_text(message.get('content')).strip()}")
+                call = calls.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
+                results.append(f"{call} -> {_text(message.get('content')).strip()}")
     if not results and not any(c.tools for c in conversations):
         return None
-    main = conversations[0].messages[shared:]
-    final = next((m for m in reversed(main) if m["role"] == "assistant" and not m.get("tool_calls")), None)
+    messages = conversations[0].messages
+    first = next(
+        (n for n, m in enumerate(messages) if n >= shared and m["role"] == "assistant"), len(messages)
+    )
+    asked = next(
+        (_text(m.get("content")).strip() for m in reversed(messages[:first]) if m["role"] == "user"), ""
+    )
+    final = next(
+        (m for m in reversed(messages[shared:]) if m["role"] == "assistant" and not m.get("tool_calls")), None
+    )
     said = _text(final.get("content")).strip() if final is not None else ""
     return (
-        f"<outcome>\nTool results the agent got: {'; '.join(results) or 'none (it got no tool result)'}\n"
+        f"<outcome>\nThe user asked: {asked or 'nothing'}\n"
+        f"Tool calls and their results: {'; '.join(results) or 'none (it got no tool result)'}\n"
         f"Its final message: {said or 'none'}\n</outcome>"
     )
 
