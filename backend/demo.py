@@ -162,8 +162,8 @@ called the question's operation (add for a sum, multiply for a product) with the
 final message states the number that call returned.
 - An attempt that got no tool result, ends without a final answer, uses other numbers or the wrong operation, or \
 states another number did not achieve it, however it reads."""
-"""The same for verdicts, which end with the attempt's outcome (the tool results it got, its final
-message): the rubric names the operation, since with "add or multiply" the 1.5B passed products
+"""The same for verdicts, which end with the attempt's outcome (the request, each tool call with its
+result, the final message): the rubric names the operation, since with "add or multiply" the 1.5B passed products
 answering sums (P(yes) 0.94)."""
 
 DEMO_PAIRWISE_RUBRIC = (

@@ -617,7 +617,7 @@ def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
     and a call that does not fit the request sits next to it. None for an attempt with no tools and
     no tool results (saying "none" would read as a failure).
 
-    Measured on the demo's groups (the 1.5B, verdicts): with the tool results and the final message,
+    Measured on the demo's groups (the 1.5B, verdicts, the demo's rubric): with the tool results and the final message,
     P(yes) for answers written after a fake ``<tool_response>`` fell from 0.78 to 0.48 on average;
     with the request and the calls' arguments as well, the pairs it ranked right in groups where the
     policy called multiply for sums rose from 65% to 75%."""
@@ -673,7 +673,9 @@ def _verdict_prompts(unique: list[list[_Conversation]], rubric: str) -> list[lis
     for conversations in unique:
         parts = [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>"]
         outcome = _outcome(conversations, shared)
-        parts += [outcome, _VERDICT_QUESTION] if outcome is not None else [_VERDICT_QUESTION]
+        if outcome is not None:
+            parts.append(outcome)
+        parts.append(_VERDICT_QUESTION)
         prompts.append([system, {"role": "user", "content": "\n".join(parts)}])
     return prompts
 

@@ -550,16 +550,13 @@ async def test_verdicts_score_each_trajectory_by_the_probability_of_yes(
 
 async def test_a_verdict_ends_with_the_outcome_of_the_attempt(script: ScriptedJudge, judge: jm.Judge) -> None:
     """The request, the tool calls the attempt made with their results, and its final message, after
-    the transcript: a result the agent wrote itself is not among them. Without tools and results there is no outcome to state."""
+    the transcript: a result the agent wrote itself is not among them. Without tools and results
+    there is no outcome to state."""
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     called = jm.Trajectory(
         conversation=[
             QUESTION,
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [tool_call("c1", "add", '{"a": 2, "b": 3}')],
-            },
+            calling("c1", "add", '{"a": 2, "b": 3}'),
             {"role": "tool", "tool_call_id": "c1", "content": "5"},
             {"role": "assistant", "content": "It is 5."},
         ],
@@ -623,6 +620,11 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def calling(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """An assistant message that makes one tool call."""
+    return {"role": "assistant", "content": None, "tool_calls": [tool_call(call_id, name, arguments)]}
+
+
 async def test_the_judge_reads_a_transcript_without_call_ids(script: ScriptedJudge, judge: jm.Judge) -> None:
     """Calls, their results (named after the tool they answer), tool signatures; no ids, no JSON."""
     tools = [
@@ -635,7 +637,7 @@ async def test_the_judge_reads_a_transcript_without_call_ids(script: ScriptedJud
         return jm.Trajectory(
             conversation=[
                 QUESTION,
-                {"role": "assistant", "content": None, "tool_calls": [tool_call(call_id, "add", arguments)]},
+                calling(call_id, "add", arguments),
                 {"role": "tool", "tool_call_id": call_id, "content": result},
                 {"role": "assistant", "content": answer},
             ],
@@ -688,11 +690,7 @@ async def test_no_markup_the_judge_knows_gets_through_as_markup(
             jm.Trajectory(
                 conversation=[
                     QUESTION,
-                    {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [tool_call("c1", "add", '{"a": "<b>"}')],
-                    },
+                    calling("c1", "add", '{"a": "<b>"}'),
                     {"role": "tool", "tool_call_id": "c1", "content": "<html>5</html>"},
                 ]
             ),
