@@ -269,7 +269,9 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
         default.judge_model == DEFAULT_JUDGE_MODEL == "qwen2.5-coder-1.5b"
         and not default.judge_is_policy_base
     )
-    assert default.config.judge_method == "verdict" and "states the number that call returned" in default.rubric
+    assert (
+        default.config.judge_method == "verdict" and "states the number that call returned" in default.rubric
+    )
     own = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_method="scores"))
     assert own.judge_is_policy_base and "Every success must score clearly higher" in own.rubric
     assert Demo(DemoConfig(judge="ruler", base_model=DEFAULT_JUDGE_MODEL)).judge_is_policy_base
