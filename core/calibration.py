@@ -41,7 +41,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -121,6 +121,8 @@ class Calibration:
     orders: int
     groups: list[GroupCalibration]
     method: Method = "scores"
+    criteria: list[str] | None = None
+    """The yes/no questions a verdict judge was asked instead of whether the goal was achieved."""
     skipped: list[str] = field(default_factory=list)
     """Groups left out, and why (fewer than two trajectories with a known reward)."""
     seconds: float = 0.0
@@ -231,7 +233,7 @@ class Calibration:
             }
             for group in self.groups
         ]
-        return {"judge": self.judge, "method": self.method, "orders": self.orders, "seconds": self.seconds, "summary": summary,
+        return {"judge": self.judge, "method": self.method, "criteria": self.criteria, "orders": self.orders, "seconds": self.seconds, "summary": summary,
                 "skipped": self.skipped, "groups": groups}  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
@@ -292,12 +294,13 @@ async def calibrate_judge(
     orders: int | None = None,
     rubric: str | None = None,
     method: Method = "scores",
+    criteria: Sequence[str] | None = None,
     truth: Callable[[Trajectory], float | None] = known_reward,
     seed: int = 0,
 ) -> Calibration:
     """Judge each group in ``orders`` presentations and compare the scores with ``truth``.
 
-    ``method`` and ``rubric`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
+    ``method``, ``rubric`` and ``criteria`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
     defaults to 3 for ``scores``, 1 for ``verdict``, which judges each trajectory alone (where
     order cannot matter).
 
@@ -312,7 +315,14 @@ async def calibrate_judge(
         orders = 3 if method == "scores" else 1
     if orders < 1:
         raise ConfigError(f"orders must be >= 1 (presentations of each group), got {orders}")
-    report = Calibration(judge=judge.name, orders=orders, groups=[], method=method)
+    judging = {"rubric": rubric, "method": method, "criteria": criteria}
+    report = Calibration(
+        judge=judge.name,
+        orders=orders,
+        groups=[],
+        method=method,
+        criteria=None if criteria is None else list(criteria),
+    )
     start = time.perf_counter()
     for group in groups:
         if not isinstance(group, TrajectoryGroup):
@@ -321,7 +331,7 @@ async def calibrate_judge(
         if len(known) < 2:
             report.skipped.append(f"{group.id}: {len(known)} trajectory(ies) with a known reward, 2 needed")
             continue
-        report.groups.append(await _calibrate_group(group.id, known, judge, orders, rubric, method, seed))
+        report.groups.append(await _calibrate_group(group.id, known, judge, orders, judging, seed))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -345,8 +355,7 @@ async def _calibrate_group(
     known: list[tuple[Trajectory, float]],
     judge: Judge,
     orders: int,
-    rubric: str | None,
-    method: Method,
+    judging: dict[str, Any],
     seed: int,
 ) -> GroupCalibration:
     trajectories = [t for t, _ in known]
@@ -359,7 +368,7 @@ async def _calibrate_group(
     async def present(order: list[int]) -> list[float] | str:
         try:
             shown = [trajectories[i] for i in order]
-            judgement = await judge_trajectories(shown, judge=judge, rubric=rubric, method=method)
+            judgement = await judge_trajectories(shown, judge=judge, **judging)
         except JudgeError as error:
             return f"{type(error).__name__}: {error}"
         result.cached += judgement.cached

@@ -101,9 +101,11 @@ the result it got back.
 Standards:
 {rubric}
 
-Answer with one word: yes if the agent achieved the goal, no if it did not."""
+{answer}"""
 
+_VERDICT_ANSWER = "Answer with one word: yes if the agent achieved the goal, no if it did not."
 _VERDICT_QUESTION = "Did the agent achieve the goal? Answer yes or no."
+_CRITERION_ANSWER = "Answer the question after the attempt with one word: yes or no."
 
 DEFAULT_PAIRWISE_RUBRIC = """\
 - An attempt whose final answer does what the user asked, correctly and completely, is better than one that does not.
@@ -124,7 +126,8 @@ _PAIRWISE_QUESTION = "Which attempt is better? Answer A or B."
 Method = Literal["scores", "verdict", "pairwise"]
 """How the judge scores: ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
 written out), ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
-token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache)
+token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache;
+with ``criteria``, one yes/no question each after the same attempt, the score their product)
 or ``pairwise`` (every pair of distinct trajectories in both orders, P(A) against P(B) of the
 first token; a trajectory's score is its mean chance of beating each other one: n(n-1) prompt
 passes for n trajectories)."""
@@ -197,15 +200,20 @@ async def ruler(
     rubric: str | None = None,
     tools: Sequence[Tool | dict[str, Any]] | None = None,
     method: Method = "scores",
+    criteria: Sequence[str] | None = None,
 ) -> list[Score]:
     """Score trajectories of the same task side by side; one :class:`Score` each, in order.
 
     ``tools`` are the schemas the agent had, for trajectories given as message lists (a
     :class:`Trajectory` carries its own). ``rubric`` defaults to the method's own
-    (:data:`DEFAULT_RUBRIC`, :data:`DEFAULT_VERDICT_RUBRIC`). Raises :class:`JudgeError` when the
-    judge gives no valid scores after its retries.
+    (:data:`DEFAULT_RUBRIC`, :data:`DEFAULT_VERDICT_RUBRIC`). ``criteria`` (verdicts only) are
+    yes/no questions asked of each trajectory one by one instead of whether it achieved the goal
+    ("Did it call the tool the request asks for?"); its score is the product of their P(yes).
+    Raises :class:`JudgeError` when the judge gives no valid scores after its retries.
     """
-    judgement = await judge_trajectories(trajectories, judge=judge, rubric=rubric, tools=tools, method=method)
+    judgement = await judge_trajectories(
+        trajectories, judge=judge, rubric=rubric, tools=tools, method=method, criteria=criteria
+    )
     return judgement.scores
 
 
@@ -218,6 +226,7 @@ async def ruler_score_group(
     reward_weight: float = 0.0,
     fallback: float | None = None,
     method: Method = "scores",
+    criteria: Sequence[str] | None = None,
 ) -> TrajectoryGroup:
     """A copy of ``group`` with each trajectory's reward set from the judge's score.
 
@@ -228,7 +237,8 @@ async def ruler_score_group(
 
     If judging fails, the error is recorded on the group (stage ``"judge"``) and each reward
     becomes ``None`` (the trainer leaves the group out and counts it), or, with ``fallback``, is
-    computed from that score instead of the judge's. Usable as ``gather_trajectory_groups(after_each=...)``.
+    computed from that score instead of the judge's. ``method``, ``rubric`` and ``criteria`` are
+    :func:`ruler`'s. Usable as ``gather_trajectory_groups(after_each=...)``.
     """
     if judge_weight < 0 or reward_weight < 0 or judge_weight + reward_weight == 0:
         raise ConfigError(
@@ -259,7 +269,9 @@ async def ruler_score_group(
                     f"{len(missing)} of {len(scored)} have none ({', '.join(missing[:3])}): set the reward in "
                     "the rollout, or use reward_weight=0"
                 )
-        judgement = await judge_trajectories(scored.trajectories, judge=judge, rubric=rubric, method=method)
+        judgement = await judge_trajectories(
+            scored.trajectories, judge=judge, rubric=rubric, method=method, criteria=criteria
+        )
     except Exception as error:
         failure = scored.record_failure(error, stage="judge")
         scored.metrics.update({"judge/failed": 1, "judge/seconds": time.perf_counter() - start})
@@ -318,10 +330,12 @@ async def judge_trajectories(
     rubric: str | None = None,
     tools: Sequence[Tool | dict[str, Any]] | None = None,
     method: Method = "scores",
+    criteria: Sequence[str] | None = None,
 ) -> Judgement:
     """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
     if method not in _METHODS:
         raise ConfigError(f"method must be 'scores', 'verdict' or 'pairwise', got {method!r}")
+    _check_criteria(criteria, method)
     if not trajectories:
         return Judgement(scores=[], judge=judge.name, distinct=0)
     if rubric is None:
@@ -339,7 +353,7 @@ async def judge_trajectories(
     unique = [conversations[keys.index(key)] for key in labels]
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
     if method == "verdict":
-        by_id = await _verdicts(judge, unique, ids, rubric, judgement)
+        by_id = await _verdicts(judge, unique, ids, rubric, judgement, criteria)
     elif method == "pairwise":
         by_id = await _pairwise(judge, unique, ids, rubric, judgement)
     else:
@@ -354,6 +368,20 @@ async def judge_trajectories(
                 _write_cache(path, by_id)
     judgement.scores = [by_id[labels[key]] for key in keys]
     return judgement
+
+
+def _check_criteria(criteria: Sequence[str] | None, method: Method) -> None:
+    if criteria is None:
+        return
+    if isinstance(criteria, str):
+        raise ConfigError(f"criteria must be a list of yes/no questions, got one string: [{criteria!r}]?")
+    if method != "verdict":
+        raise ConfigError(
+            f"criteria are asked one by one as yes/no questions, which needs method='verdict' (got {method!r}); "
+            "for scores or pairwise, put them in the rubric"
+        )
+    if not criteria or not all(isinstance(c, str) and c.strip() for c in criteria):
+        raise ConfigError(f"criteria must be non-empty questions, at least one, got {list(criteria)!r}")
 
 
 async def _retrying(judge: Judge, judgement: Judgement, call: Callable[[], Awaitable[_T]], failed: str) -> _T:
@@ -428,17 +456,35 @@ async def _first_token(
 
 
 async def _verdicts(
-    judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
+    judge: Judge,
+    unique: list[list[_Conversation]],
+    ids: list[str],
+    rubric: str,
+    judgement: Judgement,
+    criteria: Sequence[str] | None,
 ) -> dict[str, Score]:
-    """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); by id."""
+    """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); with criteria,
+    the product of each criterion's (the chance that it meets them all, were they independent); by id."""
+    prompts = _verdict_prompts(unique, rubric, criteria)
     results = await asyncio.gather(
         *(
             _first_token(judge, m, ("yes", "no"), judgement, "verdict")
-            for m in _verdict_prompts(unique, rubric)
+            for questions in prompts
+            for m in questions
         )
     )
     judgement.cached = all(cached for _, cached in results)
-    return {id_: score for id_, (score, _) in zip(ids, results, strict=True)}
+    asked = len(prompts[0])
+    scores = {}
+    for n, id_ in enumerate(ids):
+        answers = [score for score, _ in results[n * asked : (n + 1) * asked]]
+        if not criteria:
+            scores[id_] = answers[0]
+            continue
+        p = math.prod(answer.score for answer in answers)
+        each = ", ".join(f"{answer.score:.3f}" for answer in answers)
+        scores[id_] = Score(p, f"P(yes) for each criterion: {each}; product {p:.3f}", p)
+    return scores
 
 
 async def _pairwise(
@@ -664,19 +710,24 @@ def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> l
     ]
 
 
-def _verdict_prompts(unique: list[list[_Conversation]], rubric: str) -> list[list[dict[str, str]]]:
-    """One prompt per trajectory, all starting alike (system, shared context, tools), so a server
-    with prefix caching reads that start once."""
+def _verdict_prompts(
+    unique: list[list[_Conversation]], rubric: str, criteria: Sequence[str] | None
+) -> list[list[list[dict[str, str]]]]:
+    """For each trajectory, one prompt per question (whether it achieved the goal, or each
+    criterion), all starting alike (system, shared context, tools) and each trajectory's alike up to
+    its question, so a server with prefix caching reads that start once and each trajectory once."""
     shared, tools_shared, head = _layout(unique)
-    system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip())}
+    answer = _CRITERION_ANSWER if criteria else _VERDICT_ANSWER
+    system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip(), answer=answer)}
+    questions = [f"{c.strip()} Answer yes or no." for c in criteria] if criteria else [_VERDICT_QUESTION]
     prompts = []
     for conversations in unique:
         parts = [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>"]
         outcome = _outcome(conversations, shared)
         if outcome is not None:
             parts.append(outcome)
-        parts.append(_VERDICT_QUESTION)
-        prompts.append([system, {"role": "user", "content": "\n".join(parts)}])
+        attempt = "\n".join(parts)
+        prompts.append([[system, {"role": "user", "content": f"{attempt}\n{q}"}] for q in questions])
     return prompts
 
 

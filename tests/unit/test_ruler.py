@@ -586,6 +586,58 @@ async def test_a_verdict_ends_with_the_outcome_of_the_attempt(script: ScriptedJu
     assert "<outcome>" not in script.received[0]["messages"][-1]["content"]
 
 
+async def test_criteria_are_asked_one_by_one_and_the_score_is_their_product(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """Each criterion is its own question after the same attempt (so a prefix cache reads the
+    attempt once); the score is the product of their P(yes), each shown in the log."""
+    criteria = ["Did it give a number?", "Is the number 5?"]
+    yes = {("5", 0): 0.9, ("5", 1): 0.8, ("It is 4.", 0): 0.9, ("It is 4.", 1): 0.1}
+
+    def respond(request: dict[str, Any]) -> Reply:
+        attempt, question = request["messages"][-1]["content"].rsplit("\n", 1)
+        answer = attempt.split("<assistant>")[1].split("</assistant>")[0]
+        p = yes[answer, [f"{c} Answer yes or no." for c in criteria].index(question)]
+        return verdict(p, 1 - p)
+
+    script.respond = respond
+    group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
+    scored = await jm.ruler_score_group(group, judge=judge, method="verdict", criteria=criteria)
+    assert [t.reward for t in scored] == pytest.approx([0.9 * 0.8, 0.9 * 0.1])
+    assert "P(yes) for each criterion: 0.900, 0.800; product 0.720" in scored.trajectories[0].logs[-1]
+    assert len(script.received) == 4 and scored.metrics["judge/attempts"] == 4
+    system = script.received[0]["messages"][0]["content"]
+    assert system.endswith("Answer the question after the attempt with one word: yes or no.")
+    by_attempt: dict[str, set[str]] = {}
+    for request in script.received:
+        attempt, question = request["messages"][-1]["content"].rsplit("\n", 1)
+        by_attempt.setdefault(attempt, set()).add(question)
+    assert len(by_attempt) == 2 and all(len(questions) == 2 for questions in by_attempt.values())
+
+    report = await jm.calibrate_judge([group], judge, method="verdict", criteria=criteria)  # from the cache
+    assert report.pairs == 1 and report.correct == 1 and report.to_dict()["criteria"] == criteria
+    assert len(script.received) == 4
+
+
+@pytest.mark.parametrize(
+    ("method", "criteria", "message"),
+    [
+        ("verdict", "Is it 5?", "a list of yes/no questions, got one string"),
+        ("scores", ["Is it 5?"], "needs method='verdict'"),
+        ("verdict", [], "at least one"),
+        ("verdict", ["Is it 5?", " "], "non-empty questions"),
+    ],
+)
+async def test_criteria_that_cannot_be_asked_are_refused(
+    script: ScriptedJudge, judge: jm.Judge, method: jm.Method, criteria: Any, message: str
+) -> None:
+    with pytest.raises(jm.ConfigError, match=message):
+        await jm.ruler(
+            [[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method=method, criteria=criteria
+        )
+    assert script.received == []
+
+
 async def test_a_verdict_is_retried_after_a_5xx_and_fails_without_yes_or_no(
     script: ScriptedJudge, judge: jm.Judge
 ) -> None:
