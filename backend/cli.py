@@ -202,6 +202,19 @@ def demo(
     judge_anyway: Annotated[
         bool, typer.Option(help="Train with a judge that ranks the first step no better than chance.")
     ] = False,
+    judge_reward: Annotated[
+        str,
+        typer.Option(
+            help="What the reward is made of: the judge's score, each attempt's rank in its group (rank), or 1 "
+            "for the group's best attempts and 0 for the rest (best)."
+        ),
+    ] = "score",
+    judge_reference: Annotated[
+        bool,
+        typer.Option(
+            help="The judge first writes how each question should be done, then checks the attempts against it."
+        ),
+    ] = False,
     judge_base_url: Annotated[
         str | None,
         typer.Option(
@@ -263,7 +276,8 @@ def demo(
         train_scenarios=train_scenarios, val_scenarios=val_scenarios, val_samples=val_samples,
         temperature=temperature, max_tokens=max_tokens, learning_rate=learning_rate, loss=loss,  # type: ignore[arg-type]
         rank=rank, gradient_checkpointing=gradient_checkpointing, shaping=shaping, judge=judge, judge_model=judge_model, judge_base_url=judge_base_url,  # type: ignore[arg-type]
-        judge_method=judge_method, judge_anyway=judge_anyway,  # type: ignore[arg-type]
+        judge_method=judge_method, judge_anyway=judge_anyway, judge_reference=judge_reference,  # type: ignore[arg-type]
+        judge_reward=judge_reward,  # type: ignore[arg-type]
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
         seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share,
@@ -391,6 +405,12 @@ def judge_calibrate(
     out: Annotated[
         Path | None, typer.Option(help="JSON report (default: <model folder>/calibration/<judge>.json).")
     ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            help="The judge first writes how each task should be done, then checks the attempts against it."
+        ),
+    ] = False,
     fail_at_chance: Annotated[
         bool, typer.Option(help="Exit with status 2 when the judge ranks no better than chance.")
     ] = False,
@@ -423,8 +443,9 @@ def judge_calibrate(
         )
         async with judge:
             return await jm.calibrate_judge(
-                groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth
-            )
+                groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth,
+                reference=reference,
+            )  # fmt: skip
 
     with Console(stderr=True).status(f"judging {len(groups)} groups with {judge_model} ({method})"):
         report = asyncio.run(calibrate())

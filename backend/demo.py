@@ -315,6 +315,12 @@ class DemoConfig:
     judge_method: Literal["scores", "verdict", "pairwise"] = "verdict"
     """``scores``: RULER, the whole group in one prompt; ``verdict``: each trajectory alone, scored
     by the judge's P(yes); ``pairwise``: every pair in both orders (``journeyman.ruler``)."""
+    judge_reference: bool = False
+    """Before judging a group, the judge writes how its question should be done (which tool, which
+    numbers), and checks each attempt against that (``ruler_score_group(reference=True)``)."""
+    judge_reward: Literal["score", "rank", "best"] = "score"
+    """What the reward is made of: the judge's score, each attempt's rank in its group by score,
+    or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``)."""
     judge_anyway: bool = False
     """Train with the judge even when, calibrated on the first step's groups against the
     programmatic check, it ranks no better than chance (the demo stops otherwise)."""
@@ -366,6 +372,7 @@ class DemoConfig:
             (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
+            (self.judge_reward in ("score", "rank", "best"), f"unknown judge_reward {self.judge_reward!r}: score, rank or best"),
             (self.judge_method in DEMO_RUBRICS, f"unknown judge_method {self.judge_method!r}: scores, verdict or pairwise"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
@@ -482,7 +489,7 @@ class Demo:
         if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
             return await backend.judge(model)
         with self.console.status(f"starting the judge's vLLM server with {self.judge_model} ..."):
-            return await backend.judge(model, self.judge_model, timeout=900)
+            return await backend.judge(model, self.judge_model, timeout=900, temperature=0.0)
 
     async def _calibrate(
         self, model: jm.TrainableModel, judge: jm.Judge, groups: list[jm.TrajectoryGroup]
@@ -493,7 +500,9 @@ class Demo:
         with self.console.status(
             f"calibrating the judge {judge.name} on the first step's {len(groups)} groups ..."
         ):
-            report = await jm.calibrate_judge(groups, judge, method=c.judge_method, rubric=self.rubric)
+            report = await jm.calibrate_judge(
+                groups, judge, method=c.judge_method, rubric=self.rubric, reference=c.judge_reference
+            )
         path = report.save(model.store.path / "judge_calibration.json")
         self.console.print(f"judge calibration (truth: the programmatic check; {path}):\n{report.table()}")
         if report.pairs == 0:
@@ -617,7 +626,7 @@ class Demo:
                 judge = await self._judge(model, backend)
                 after_each = functools.partial(
                     jm.ruler_score_group, judge=judge, reward_weight=c.reward_weight, rubric=self.rubric,
-                    method=c.judge_method,
+                    method=c.judge_method, reference=c.judge_reference, reward_from=c.judge_reward,
                 )  # fmt: skip
                 console.print(f"judge: RULER ({c.judge_method}) with {judge.model} at {judge.base_url}")
             calibrated = judge is None

@@ -123,6 +123,8 @@ class Calibration:
     method: Method = "scores"
     criteria: list[str] | None = None
     """The yes/no questions a verdict judge was asked instead of whether the goal was achieved."""
+    reference: bool = False
+    """The judge wrote how each task should be done before it judged the attempts."""
     skipped: list[str] = field(default_factory=list)
     """Groups left out, and why (fewer than two trajectories with a known reward)."""
     seconds: float = 0.0
@@ -233,7 +235,7 @@ class Calibration:
             }
             for group in self.groups
         ]
-        return {"judge": self.judge, "method": self.method, "criteria": self.criteria, "orders": self.orders, "seconds": self.seconds, "summary": summary,
+        return {"judge": self.judge, "method": self.method, "criteria": self.criteria, "reference": self.reference, "orders": self.orders, "seconds": self.seconds, "summary": summary,
                 "skipped": self.skipped, "groups": groups}  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
@@ -295,12 +297,13 @@ async def calibrate_judge(
     rubric: str | None = None,
     method: Method = "scores",
     criteria: Sequence[str] | None = None,
+    reference: bool = False,
     truth: Callable[[Trajectory], float | None] = known_reward,
     seed: int = 0,
 ) -> Calibration:
     """Judge each group in ``orders`` presentations and compare the scores with ``truth``.
 
-    ``method``, ``rubric`` and ``criteria`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
+    ``method``, ``rubric``, ``criteria`` and ``reference`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
     defaults to 3 for ``scores``, 1 for ``verdict``, which judges each trajectory alone (where
     order cannot matter).
 
@@ -315,13 +318,14 @@ async def calibrate_judge(
         orders = 3 if method == "scores" else 1
     if orders < 1:
         raise ConfigError(f"orders must be >= 1 (presentations of each group), got {orders}")
-    judging = {"rubric": rubric, "method": method, "criteria": criteria}
+    judging = {"rubric": rubric, "method": method, "criteria": criteria, "reference": reference}
     report = Calibration(
         judge=judge.name,
         orders=orders,
         groups=[],
         method=method,
         criteria=None if criteria is None else list(criteria),
+        reference=reference,
     )
     start = time.perf_counter()
     for group in groups:

@@ -145,8 +145,9 @@ class Judge:
     ) -> str:
         """The text of the judge's reply to ``messages``, constrained by ``schema`` when it can be.
 
-        ``max_tokens`` is the caller's bound for a schema-constrained answer; an explicit
-        ``Judge(max_tokens=...)`` takes precedence, and free text is not bounded by it.
+        ``max_tokens`` is the caller's bound on the answer; an explicit ``Judge(max_tokens=...)``
+        takes precedence. When the endpoint rejects the schema, the free-text answer asked for
+        instead is not bounded by it (a JSON object written freely needs more).
 
         Raises :class:`JudgeCallError` for failures worth a retry and :class:`JudgeError` for
         ones that are not (a wrong key, an unknown model).
@@ -166,7 +167,7 @@ class Judge:
             yield
 
     async def _complete_openai(
-        self, messages: list[dict[str, str]], schema: dict[str, Any] | None, schema_max_tokens: int | None
+        self, messages: list[dict[str, str]], schema: dict[str, Any] | None, max_tokens: int | None
     ) -> str:
         import openai
 
@@ -175,8 +176,8 @@ class Judge:
             request["temperature"] = self.temperature
         if self.max_tokens is not None:
             request["max_tokens"] = self.max_tokens
-        elif schema is not None and schema_max_tokens is not None:
-            request["max_tokens"] = schema_max_tokens
+        elif max_tokens is not None:
+            request["max_tokens"] = max_tokens
         if schema is not None:
             request["response_format"] = {
                 "type": "json_schema",

@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_VERDICT_RUBRIC",
     "Judgement",
     "Method",
+    "RewardFrom",
     "Score",
     "judge_trajectories",
     "ruler",
@@ -123,6 +124,17 @@ Answer with one letter: A if attempt A is better, B if attempt B is better."""
 
 _PAIRWISE_QUESTION = "Which attempt is better? Answer A or B."
 
+_REFERENCE_SYSTEM = """\
+You will judge attempts by an AI agent at the task below. Before you see them, say how the task \
+should be done: which tools to call with which arguments, and what the final answer must state. \
+Be brief: one or two sentences. Do not work out what a tool would return."""
+
+_REFERENCE_QUESTION = "How should the agent do this task?"
+_VERDICT_REFERENCE_LAST = True
+"""Verdicts show the reference after the attempt's outcome, next to the question."""
+_REFERENCE_TOKENS = 64
+"""The longest reference: at ~5 tokens/s (the 1.5B on 2 cores) a longer one costs more than the judging."""
+
 Method = Literal["scores", "verdict", "pairwise"]
 """How the judge scores: ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
 written out), ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
@@ -132,7 +144,22 @@ or ``pairwise`` (every pair of distinct trajectories in both orders, P(A) agains
 first token; a trajectory's score is its mean chance of beating each other one: n(n-1) prompt
 passes for n trajectories)."""
 
+RewardFrom = Literal["score", "rank", "best"]
+"""What :func:`ruler_score_group` makes a reward of: the judge's ``score``; the trajectory's
+``rank`` in the group by score, from 0 (lowest) to 1 (highest), equal scores sharing their mean
+rank; or ``best``: 1 for the trajectories with the group's highest score (all of them when they
+tie), 0 for the others.
+
+GRPO only compares attempts within a group, and a small judge orders attempts better than it spaces
+them. The 1.5B verdict judge gave a sum answered with ``multiply`` P(yes) 0.95 beside ``add``'s 0.96
+and a made-up answer's 0.14: its scores leave an attempt with the wrong operation near the group's
+mean, so a policy that calls ``multiply`` for everything is rewarded for it on products and barely
+penalised on sums, and the demo's judged runs collapsed to it. Ranks spread the near-ties but still
+leave the wrong operation above other failures; ``best`` treats every attempt short of the best as
+a failure, as a programmatic check does (bench/results.md)."""
+
 _METHODS = get_args(Method)
+_REWARD_FROM = get_args(RewardFrom)
 _RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
 
 _CACHE_VERSION = 1
@@ -173,6 +200,8 @@ class Judgement:
     """Why each failed attempt failed."""
     answer: str | None = None
     """The judge's accepted answer, verbatim (None when cached)."""
+    reference: str | None = None
+    """How the judge said the task should be done, before it saw an attempt (``reference=True``)."""
 
     @property
     def clamped(self) -> int:
@@ -201,6 +230,7 @@ async def ruler(
     tools: Sequence[Tool | dict[str, Any]] | None = None,
     method: Method = "scores",
     criteria: Sequence[str] | None = None,
+    reference: bool = False,
 ) -> list[Score]:
     """Score trajectories of the same task side by side; one :class:`Score` each, in order.
 
@@ -209,11 +239,16 @@ async def ruler(
     (:data:`DEFAULT_RUBRIC`, :data:`DEFAULT_VERDICT_RUBRIC`). ``criteria`` (verdicts only) are
     yes/no questions asked of each trajectory one by one instead of whether it achieved the goal
     ("Did it call the tool the request asks for?"); its score is the product of their P(yes).
+    ``reference``: before it sees an attempt, the judge writes how the task should be done (one
+    short answer per call, from the tools, the system prompt and the request), and every prompt
+    shows it as a ``<reference>`` to check the attempts against: reference-guided judging, which
+    helps a judge that can solve the task asked plainly but misses mistakes inside a transcript.
     Raises :class:`JudgeError` when the judge gives no valid scores after its retries.
     """
     judgement = await judge_trajectories(
-        trajectories, judge=judge, rubric=rubric, tools=tools, method=method, criteria=criteria
-    )
+        trajectories, judge=judge, rubric=rubric, tools=tools, method=method, criteria=criteria,
+        reference=reference,
+    )  # fmt: skip
     return judgement.scores
 
 
@@ -227,6 +262,8 @@ async def ruler_score_group(
     fallback: float | None = None,
     method: Method = "scores",
     criteria: Sequence[str] | None = None,
+    reference: bool = False,
+    reward_from: RewardFrom = "score",
 ) -> TrajectoryGroup:
     """A copy of ``group`` with each trajectory's reward set from the judge's score.
 
@@ -235,15 +272,21 @@ async def ruler_score_group(
     ``metrics["programmatic_reward"]``). The score goes to ``metrics["ruler_score"]``, the
     explanation to ``logs``, and the judging's counts to the group's ``metrics["judge/..."]``.
 
+    ``reward_from`` is what the judge's part of the reward is made of (:data:`RewardFrom`): its
+    score, the trajectory's rank in the group, or whether it is among the group's best (the rank or
+    the 0/1 in ``metrics["ruler_rank"]`` or ``metrics["ruler_best"]``).
+
     If judging fails, the error is recorded on the group (stage ``"judge"``) and each reward
     becomes ``None`` (the trainer leaves the group out and counts it), or, with ``fallback``, is
-    computed from that score instead of the judge's. ``method``, ``rubric`` and ``criteria`` are
-    :func:`ruler`'s. Usable as ``gather_trajectory_groups(after_each=...)``.
+    computed from that score instead of the judge's. ``method``, ``rubric``, ``criteria`` and
+    ``reference`` are :func:`ruler`'s (the reference goes to the group's ``logs``). Usable as ``gather_trajectory_groups(after_each=...)``.
     """
     if judge_weight < 0 or reward_weight < 0 or judge_weight + reward_weight == 0:
         raise ConfigError(
             f"judge_weight and reward_weight must be >= 0 and not both 0; got {judge_weight} and {reward_weight}"
         )
+    if reward_from not in _REWARD_FROM:
+        raise ConfigError(f"reward_from must be 'score', 'rank' or 'best', got {reward_from!r}")
     if fallback is not None and not 0 <= fallback <= 1:
         raise ConfigError(f"fallback must be a score in [0, 1] or None, got {fallback}")
     scored = group.model_copy(deep=True)
@@ -270,8 +313,9 @@ async def ruler_score_group(
                     "the rollout, or use reward_weight=0"
                 )
         judgement = await judge_trajectories(
-            scored.trajectories, judge=judge, rubric=rubric, method=method, criteria=criteria
-        )
+            scored.trajectories, judge=judge, rubric=rubric, method=method, criteria=criteria,
+            reference=reference,
+        )  # fmt: skip
     except Exception as error:
         failure = scored.record_failure(error, stage="judge")
         scored.metrics.update({"judge/failed": 1, "judge/seconds": time.perf_counter() - start})
@@ -294,17 +338,26 @@ async def ruler_score_group(
             trajectory.log(f"RULER: judge failed ({failure.type}); {outcome}")
         return scored
 
-    for trajectory, score in zip(scored, judgement.scores, strict=True):
+    values = [score.score for score in judgement.scores]
+    made = {"score": values, "rank": _ranks(values), "best": _best(values)}[reward_from]
+    for trajectory, score, value in zip(scored, judgement.scores, made, strict=True):
         trajectory.metrics["ruler_score"] = score.score
+        if reward_from != "score":
+            trajectory.metrics[f"ruler_{reward_from}"] = value
         note = ""
         if score.clamped:
             trajectory.metrics["ruler_score_clamped"] = True
             note = f" (clamped from {score.raw_score:g})"
-        trajectory.reward = combine(trajectory, score.score)
-        trajectory.log(f"RULER ({judgement.judge}) score {score.score:.3f}{note}: {score.explanation}")
+        trajectory.reward = combine(trajectory, value)
+        made_of = f", {reward_from} {value:.3f}" if reward_from != "score" else ""
+        trajectory.log(
+            f"RULER ({judgement.judge}) score {score.score:.3f}{note}{made_of}: {score.explanation}"
+        )
         trajectory.metadata["judge_explanation"] = score.explanation  # the Langfuse score's comment
     for reason in judgement.retries:
         scored.logs.append(f"judge retry: {reason}")
+    if judgement.reference is not None:
+        scored.logs.append(f"judge reference: {judgement.reference}")
     if judgement.distinct == 1 and len(scored) > 1:
         scored.logs.append(
             f"all {len(scored)} trajectories are identical: judged once, the score copied to each"
@@ -323,6 +376,29 @@ async def ruler_score_group(
     return scored
 
 
+def _ranks(scores: list[float]) -> list[float]:
+    """Each score's rank among ``scores``, 0 for the lowest and 1 for the highest, equal scores
+    sharing their mean rank; 0.5 for a single score."""
+    if len(scores) < 2:
+        return [0.5] * len(scores)
+    order = sorted(range(len(scores)), key=scores.__getitem__)
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for position in order[start : end + 1]:
+            ranks[position] = (start + end) / 2 / (len(scores) - 1)
+        start = end + 1
+    return ranks
+
+
+def _best(scores: list[float]) -> list[float]:
+    """1 for each score equal to the highest, 0 for the others."""
+    return [float(score == max(scores)) for score in scores]
+
+
 async def judge_trajectories(
     trajectories: Sequence[TrajectoryLike],
     *,
@@ -331,6 +407,7 @@ async def judge_trajectories(
     tools: Sequence[Tool | dict[str, Any]] | None = None,
     method: Method = "scores",
     criteria: Sequence[str] | None = None,
+    reference: bool = False,
 ) -> Judgement:
     """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
     if method not in _METHODS:
@@ -352,12 +429,14 @@ async def judge_trajectories(
     ids = list(labels.values())
     unique = [conversations[keys.index(key)] for key in labels]
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
+    if reference:
+        judgement.reference = await _reference(judge, unique, judgement)
     if method == "verdict":
         by_id = await _verdicts(judge, unique, ids, rubric, judgement, criteria)
     elif method == "pairwise":
         by_id = await _pairwise(judge, unique, ids, rubric, judgement)
     else:
-        messages = _prompt(unique, ids, rubric)
+        messages = _prompt(unique, ids, rubric, judgement.reference)
         path = _cache_path(judge, messages)
         cached = _read_cache(path, ids) if path is not None else None
         if cached is not None:
@@ -413,7 +492,8 @@ async def _ask(
 
     async def attempt() -> dict[str, Score]:
         judgement.attempts += 1
-        judgement.answer = await judge.complete(messages, schema, max_tokens=max_tokens)
+        bound = max_tokens if judge.uses_schema else None  # a freely written object needs more
+        judgement.answer = await judge.complete(messages, schema, max_tokens=bound)
         return _parse(judgement.answer, ids)
 
     failed = (
@@ -465,7 +545,7 @@ async def _verdicts(
 ) -> dict[str, Score]:
     """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); with criteria,
     the product of each criterion's (the chance that it meets them all, were they independent); by id."""
-    prompts = _verdict_prompts(unique, rubric, criteria)
+    prompts = _verdict_prompts(unique, rubric, criteria, judgement.reference)
     results = await asyncio.gather(
         *(
             _first_token(judge, m, ("yes", "no"), judgement, "verdict")
@@ -487,6 +567,44 @@ async def _verdicts(
     return scores
 
 
+async def _reference(judge: Judge, unique: list[list[_Conversation]], judgement: Judgement) -> str:
+    """How the task should be done, in the judge's words, asked once for the group: the tools, the
+    system prompt and the last request before the attempts (not the whole shared start, whose
+    worked examples would cost a small judge seconds to read and tell it nothing new)."""
+    messages = unique[0][0].messages
+    shared = _shared_prefix([conversations[0].messages for conversations in unique]) if len(unique) > 1 else 0
+    first = next((n for n, m in enumerate(messages) if n >= shared and m["role"] == "assistant"), None)
+    before = messages[:first] if shared and first is not None else messages
+    request = next((m for m in reversed(before) if m["role"] == "user"), None)
+    task = [m for m in before if m["role"] == "system"] + ([request] if request is not None else [])
+    parts = []
+    tools = unique[0][0].tools
+    if tools:
+        parts.append(f"<available_tools>\n{_tool_lines(tools)}\n</available_tools>")
+    parts += [f"<task>\n{_transcript(task, {})}\n</task>", _REFERENCE_QUESTION]
+    prompt = [
+        {"role": "system", "content": _REFERENCE_SYSTEM},
+        {"role": "user", "content": "\n".join(parts)},
+    ]
+    path = _cache_path(judge, prompt)
+    cached = _read_cache(path, ["reference"]) if path is not None else None
+    if cached is not None:
+        return cached["reference"].explanation
+
+    async def attempt() -> str:
+        judgement.attempts += 1
+        text = (await judge.complete(prompt, max_tokens=_REFERENCE_TOKENS)).strip()
+        if not text:
+            raise _InvalidAnswer("an empty reference")
+        return text
+
+    failed = f"judge {judge.name!r} wrote no reference in {{attempts}} attempts: {{reasons}}"
+    text = await _retrying(judge, judgement, attempt, failed)
+    if path is not None:  # stored as a score's explanation: one cache format for every judge call
+        _write_cache(path, {"reference": Score(0.0, text, 0.0)})
+    return text
+
+
 async def _pairwise(
     judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
 ) -> dict[str, Score]:
@@ -495,7 +613,7 @@ async def _pairwise(
     n = len(unique)
     if n == 1:
         return {ids[0]: Score(0.5, "the only distinct attempt: nothing to compare it with", 0.5)}
-    shared, tools_shared, head = _layout(unique)
+    shared, tools_shared, head = _layout(unique, judgement.reference)
     bodies = [_body(conversations, shared, tools_shared) for conversations in unique]
     system = {"role": "system", "content": _PAIRWISE_SYSTEM.format(rubric=rubric.strip())}
     orders = [(i, j) for i in range(n) for j in range(n) if i != j]
@@ -623,10 +741,11 @@ def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
     return shared
 
 
-def _layout(unique: list[list[_Conversation]]) -> tuple[int, bool, list[str]]:
+def _layout(unique: list[list[_Conversation]], reference: str | None = None) -> tuple[int, bool, list[str]]:
     """What every trajectory shares: the number of leading messages, whether the tools, and the
     parts that show them once (``<available_tools>``, then ``<context>``: the tools first, so
-    that prompts for groups with other questions still share them in a prefix cache)."""
+    that prompts for groups with other questions still share them in a prefix cache; then the
+    judge's ``<reference>``)."""
     mains = [conversations[0].messages for conversations in unique]
     shared = _shared_prefix(mains) if len(unique) > 1 else 0
     tool_lists = [c.tools for conversations in unique for c in conversations]
@@ -636,7 +755,16 @@ def _layout(unique: list[list[_Conversation]]) -> tuple[int, bool, list[str]]:
         head.append(f"<available_tools>\n{_tool_lines(tool_lists[0])}\n</available_tools>")
     if shared:
         head.append(f"<context>\n{_transcript(mains[0][:shared], {})}\n</context>")
+    if reference is not None:
+        head.append(_reference_block(reference))
     return shared, tools_shared, head
+
+
+def _reference_block(reference: str) -> str:
+    return (
+        "<reference>(how the task should be done, written by the judge before it saw an attempt; it may "
+        f"be wrong)\n{_text(reference)}\n</reference>"
+    )
 
 
 def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -> str:
@@ -699,8 +827,10 @@ def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
     )
 
 
-def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> list[dict[str, str]]:
-    shared, tools_shared, parts = _layout(unique)
+def _prompt(
+    unique: list[list[_Conversation]], ids: list[str], rubric: str, reference: str | None = None
+) -> list[dict[str, str]]:
+    shared, tools_shared, parts = _layout(unique, reference)
     parts.append("Trajectories:")
     for id_, conversations in zip(ids, unique, strict=True):
         parts.append(f'<trajectory id="{id_}">\n{_body(conversations, shared, tools_shared)}\n</trajectory>')
@@ -711,12 +841,16 @@ def _prompt(unique: list[list[_Conversation]], ids: list[str], rubric: str) -> l
 
 
 def _verdict_prompts(
-    unique: list[list[_Conversation]], rubric: str, criteria: Sequence[str] | None
+    unique: list[list[_Conversation]],
+    rubric: str,
+    criteria: Sequence[str] | None,
+    reference: str | None = None,
 ) -> list[list[list[dict[str, str]]]]:
     """For each trajectory, one prompt per question (whether it achieved the goal, or each
     criterion), all starting alike (system, shared context, tools) and each trajectory's alike up to
     its question, so a server with prefix caching reads that start once and each trajectory once."""
-    shared, tools_shared, head = _layout(unique)
+    late = _VERDICT_REFERENCE_LAST and reference is not None
+    shared, tools_shared, head = _layout(unique, None if late else reference)
     answer = _CRITERION_ANSWER if criteria else _VERDICT_ANSWER
     system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip(), answer=answer)}
     questions = [f"{c.strip()} Answer yes or no." for c in criteria] if criteria else [_VERDICT_QUESTION]
@@ -726,6 +860,9 @@ def _verdict_prompts(
         outcome = _outcome(conversations, shared)
         if outcome is not None:
             parts.append(outcome)
+        if late:
+            assert reference is not None
+            parts.append(_reference_block(reference))
         attempt = "\n".join(parts)
         prompts.append([[system, {"role": "user", "content": f"{attempt}\n{q}"}] for q in questions])
     return prompts

@@ -806,3 +806,75 @@ async def test_pairwise_with_one_distinct_attempt_asks_nothing(
     same = [trajectory("5", reward=1.0), trajectory("5", reward=1.0)]
     scored = await jm.ruler_score_group(jm.TrajectoryGroup(same), judge=judge, method="pairwise")
     assert [t.reward for t in scored] == [0.5, 0.5] and script.received == []
+
+
+async def test_a_reference_is_written_once_per_group_and_shown_with_every_attempt(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """Reference-guided judging: the judge first says how the task should be done, from the tools,
+    the system prompt and the request (no attempt), and each verdict prompt shows that reference."""
+    plan = "Call add with 2 and 3, then state its result."
+
+    def respond(request: dict[str, Any]) -> Reply:
+        prompt = request["messages"][-1]["content"]
+        if not request.get("logprobs"):
+            return Reply(plan)
+        assert "<reference>(how the task should be done" in prompt and plan in prompt
+        return verdict(0.9, 0.1) if "<assistant>5</assistant>" in prompt else verdict(0.2, 0.8)
+
+    script.respond = respond
+    group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
+    scored = await jm.ruler_score_group(group, judge=judge, method="verdict", reference=True)
+    assert [t.reward for t in scored] == pytest.approx([0.9, 0.2])
+    asked = [r for r in script.received if not r.get("logprobs")]
+    assert len(asked) == 1 and len(script.received) == 3 and scored.metrics["judge/attempts"] == 3
+    task = asked[0]["messages"][-1]["content"]
+    assert "<system>" in task and "What is 2+3?" in task and "<assistant>" not in task
+    assert "- add()" in task and asked[0]["max_tokens"] == 64
+    assert f"judge reference: {plan}" in scored.logs
+
+    report = await jm.calibrate_judge([group], judge, method="verdict", reference=True)  # from the cache
+    assert report.correct == 1 and report.to_dict()["reference"] is True
+    assert len(script.received) == 3
+
+
+async def test_a_judge_that_writes_no_reference_fails_the_group_not_the_run(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = lambda request: Reply("  ") if not request.get("logprobs") else verdict(0.9, 0.1)
+    group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
+    scored = await jm.ruler_score_group(group, judge=judge, method="verdict", reference=True)
+    assert [t.reward for t in scored] == [None, None]
+    assert (
+        scored.metrics["judge/failed"] == 1
+        and "wrote no reference in 3 attempts" in scored.failures[0].message
+    )
+    assert len(script.received) == 3  # the reference, asked three times; no verdict without it
+
+
+async def test_a_reward_can_be_the_rank_or_the_best_in_the_group(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """Ranks count near-equal ordered scores as much as far-apart ones, equal scores sharing their
+    mean rank; ``best`` gives 1 to every attempt with the top score and 0 to the rest. The judge's
+    score is kept beside what the reward was made of."""
+    yes = {"5": 0.95, "It is 5.": 0.95, "6": 0.90, "It is 4.": 0.14}
+
+    def respond(request: dict[str, Any]) -> Reply:
+        answer = request["messages"][-1]["content"].split("<assistant>")[1].split("</assistant>")[0]
+        return verdict(yes[answer], 1 - yes[answer])
+
+    script.respond = respond
+    group = jm.TrajectoryGroup([trajectory(answer, reward=1.0) for answer in yes])
+    ranked = await jm.ruler_score_group(
+        group, judge=judge, method="verdict", reward_from="rank", reward_weight=1.0
+    )
+    assert [t.metrics["ruler_rank"] for t in ranked] == pytest.approx([5 / 6, 5 / 6, 1 / 3, 0.0])
+    assert [t.metrics["ruler_score"] for t in ranked] == pytest.approx([0.95, 0.95, 0.90, 0.14])
+    assert [t.reward for t in ranked] == pytest.approx([1 + 5 / 6, 1 + 5 / 6, 1 + 1 / 3, 1.0])
+    assert "score 0.900, rank 0.333" in ranked.trajectories[2].logs[-1]
+    best = await jm.ruler_score_group(group, judge=judge, method="verdict", reward_from="best")
+    assert [t.reward for t in best] == [1.0, 1.0, 0.0, 0.0] == [t.metrics["ruler_best"] for t in best]
+    assert "ruler_rank" not in best.trajectories[0].metrics
+    with pytest.raises(jm.ConfigError, match="reward_from must be 'score', 'rank' or 'best'"):
+        await jm.ruler_score_group(group, judge=judge, reward_from="ranks")  # type: ignore[arg-type]
