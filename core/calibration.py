@@ -28,6 +28,8 @@ measured, per group and over all of them:
   advantages are divided by its std, as the trainer does by default; with ``"none"`` they are not
   (``"batch"`` divides all by one number, so its cosine is the same). ``noise_share`` is the part
   of the judged advantages' squared sum that falls in groups whose known rewards are all equal.
+  The same cosine is reported with the rewards made of ranks or of the best attempts
+  (``ruler_score_group(reward_from=...)``), so calibration can choose between them.
 - ties, failed presentations (the judge's errors, recorded and counted, never raised), judge calls,
   seconds and tokens.
 
@@ -50,7 +52,7 @@ from typing import Any
 from journeyman.config import Scale
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
-from journeyman.ruler import Method, judge_trajectories
+from journeyman.ruler import Method, RewardFrom, judge_trajectories, judged_rewards
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["Calibration", "GroupCalibration", "calibrate_judge", "group_advantages", "known_reward"]
@@ -187,24 +189,27 @@ class Calibration:
         nowhere, show in ``pairwise_accuracy`` (counted half) and ``ties``."""
         return self.p_value < alpha
 
-    def _advantages(self, scale: Scale) -> tuple[list[float], list[float], list[bool]]:
+    def _advantages(
+        self, scale: Scale, reward_from: RewardFrom = "score"
+    ) -> tuple[list[float], list[float], list[bool]]:
         """Judged and known advantages of every scored trajectory, and whether its group's known
-        rewards vary."""
+        rewards vary; the judged rewards made of the scores as ``reward_from`` says."""
         judged: list[float] = []
         known: list[float] = []
         varies: list[bool] = []
         for group in self.groups:
             if not group.scores:
                 continue
-            judged += group_advantages(group.scores, scale)
+            judged += group_advantages(judged_rewards(group.scores, reward_from), scale)
             known += group_advantages(group.rewards, scale)
             varies += [len(set(group.rewards)) > 1] * len(group.rewards)
         return judged, known, varies
 
-    def advantage_alignment(self, scale: Scale = "group") -> float | None:
-        """The cosine between judged and known advantages (see the module's docstring); None when
-        either is all zero."""
-        judged, known, _ = self._advantages(scale)
+    def advantage_alignment(self, scale: Scale = "group", reward_from: RewardFrom = "score") -> float | None:
+        """The cosine between judged and known advantages (see the module's docstring), the judged
+        rewards made of the scores as in ``ruler_score_group(reward_from=...)``; None when either is
+        all zero."""
+        judged, known, _ = self._advantages(scale, reward_from)
         norm = math.sqrt(sum(a * a for a in judged) * sum(b * b for b in known))
         return None if norm == 0 else sum(a * b for a, b in zip(judged, known, strict=True)) / norm
 
@@ -227,6 +232,8 @@ class Calibration:
         for scale, _ in _TABLE_SCALES:
             summary[f"advantage_alignment_{scale}"] = self.advantage_alignment(scale)
             summary[f"noise_share_{scale}"] = self.noise_share(scale)
+        for made_of in ("rank", "best"):
+            summary[f"advantage_alignment_group_{made_of}"] = self.advantage_alignment("group", made_of)
         groups = [
             {
                 **asdict(group),
@@ -270,6 +277,11 @@ class Calibration:
                 f"{_number(self.advantage_alignment(scale))} ({label}; noise share {_number(self.noise_share(scale))})"
                 for scale, label in _TABLE_SCALES
             )
+            + "; rewards made of ranks "
+            + _number(self.advantage_alignment("group", "rank"))
+            + ", of the best 1 and the rest 0 "
+            + _number(self.advantage_alignment("group", "best"))
+            + " (scaled by group std)"
         )
         return "\n".join(lines)
 

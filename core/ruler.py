@@ -62,6 +62,7 @@ __all__ = [
     "RewardFrom",
     "Score",
     "judge_trajectories",
+    "judged_rewards",
     "ruler",
     "ruler_score_group",
 ]
@@ -338,8 +339,7 @@ async def ruler_score_group(
             trajectory.log(f"RULER: judge failed ({failure.type}); {outcome}")
         return scored
 
-    values = [score.score for score in judgement.scores]
-    made = {"score": values, "rank": _ranks(values), "best": _best(values)}[reward_from]
+    made = judged_rewards([score.score for score in judgement.scores], reward_from)
     for trajectory, score, value in zip(scored, judgement.scores, made, strict=True):
         trajectory.metrics["ruler_score"] = score.score
         if reward_from != "score":
@@ -394,9 +394,13 @@ def _ranks(scores: list[float]) -> list[float]:
     return ranks
 
 
-def _best(scores: list[float]) -> list[float]:
-    """1 for each score equal to the highest, 0 for the others."""
-    return [float(score == max(scores)) for score in scores]
+def judged_rewards(scores: Sequence[float], reward_from: RewardFrom = "score") -> list[float]:
+    """The rewards ``scores`` of one group make (:data:`RewardFrom`)."""
+    if reward_from == "rank":
+        return _ranks(list(scores))
+    if reward_from == "best":
+        return [float(score == max(scores)) for score in scores]
+    return list(scores)
 
 
 async def judge_trajectories(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.calibration import group_advantages, kendall_tau, presentation_orders
+from journeyman.calibration import GroupCalibration, group_advantages, kendall_tau, presentation_orders
 from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}
@@ -356,3 +356,18 @@ async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
     script.respond = perfect
     exact = await jm.calibrate_judge([*mixed, *solved], judge, orders=1)
     assert exact.advantage_alignment("group") == pytest.approx(1.0) and exact.noise_share("group") == 0.0
+
+
+def test_advantage_alignment_with_rewards_made_of_ranks_or_the_best() -> None:
+    """A judge that orders a group right but scores a near-miss beside the success: its scores'
+    advantages leave the near-miss near the mean; ranks spread it; the best alone matches the truth."""
+    scores, rewards = [0.96, 0.95, 0.14, 0.95], [1.0, 0.0, 0.0, 0.0]
+    report = jm.Calibration(
+        judge="j", orders=1, groups=[GroupCalibration("g", 4, scores=scores, rewards=rewards)]
+    )
+    by = {made_of: report.advantage_alignment("group", made_of) for made_of in ("score", "rank", "best")}
+    assert by["score"] < by["rank"] < by["best"] == pytest.approx(1.0)
+    summary = report.to_dict()["summary"]
+    assert summary["advantage_alignment_group_best"] == by["best"]
+    assert summary["advantage_alignment_group_rank"] == by["rank"]
+    assert f"rewards made of ranks {by['rank']:.2f}, of the best 1 and the rest 0 1.00" in report.table()
