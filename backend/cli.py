@@ -205,10 +205,10 @@ def demo(
     judge_reward: Annotated[
         str,
         typer.Option(
-            help="What the reward is made of: the judge's score, each attempt's rank in its group (rank), or 1 "
-            "for the group's best attempts and 0 for the rest (best)."
+            help="What the reward is made of: 1 for the group's best attempts by the judge's score and 0 for the "
+            "rest (best), each attempt's rank in its group (rank), or the judge's score (score)."
         ),
-    ] = "score",
+    ] = "best",
     judge_reference: Annotated[
         bool,
         typer.Option(

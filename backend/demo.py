@@ -136,7 +136,8 @@ SYSTEM = "You are a calculator assistant. Always call a tool to compute, then st
 
 DEFAULT_JUDGE_MODEL = "qwen2.5-coder-1.5b"
 """The demo's local judge: with verdicts, it ranked 87% of the demo's pairs right, the smaller
-models at most 72%, and its judged 10-minute run raised held-out success (bench/results.md)."""
+models at most 72%, and 30 minutes trained on its verdicts (each group's best attempts rewarded)
+took held-out success from 37% to 95% (bench/results.md)."""
 
 _DEMO_SUCCESS = """\
 - The task is one arithmetic question, and the agent must compute with its tools. It succeeds only if it \
@@ -318,9 +319,13 @@ class DemoConfig:
     judge_reference: bool = False
     """Before judging a group, the judge writes how its question should be done (which tool, which
     numbers), and checks each attempt against that (``ruler_score_group(reference=True)``)."""
-    judge_reward: Literal["score", "rank", "best"] = "score"
+    judge_reward: Literal["score", "rank", "best"] = "best"
     """What the reward is made of: the judge's score, each attempt's rank in its group by score,
-    or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``)."""
+    or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``).
+    ``best``: with the 1.5B's verdicts, 30 minutes took held-out success from 37% to 95%, where its
+    scores collapsed the policy to calling ``multiply`` for every question (38% to 50%) and so did
+    its ranks within 11 steps: the judge puts the right operation above the wrong one, but only by
+    P(yes) 0.96 to 0.95 (bench/results.md)."""
     judge_anyway: bool = False
     """Train with the judge even when, calibrated on the first step's groups against the
     programmatic check, it ranks no better than chance (the demo stops otherwise)."""

@@ -399,6 +399,7 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
         after_each = functools.partial(
             jm.ruler_score_group, judge=judge, judge_weight=args.judge_weight, reward_weight=args.reward_weight,
             method=args.judge_method, rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,
+            reward_from=args.judge_reward,
         )  # fmt: skip
     summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
                                "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
@@ -474,6 +475,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--judge-rubric", choices=["default", "task"], default="default",
         help="the method's general rubric, or the task's own (what a right answer is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--judge-reward", choices=["score", "rank", "best"], default="score",
+        help="what the judge's part is made of: its score, the attempt's rank in its group, or 1 for the "
+        "group's best attempts and 0 for the rest",
     )  # fmt: skip
     parser.add_argument(
         "--judge-weight", type=float, default=0.5, help="reward = this x the judge's score ..."

@@ -168,6 +168,7 @@ def test_worked_plan_splits_a_step_between_the_prompts(n: int, share: float, pla
         ("judge", "gpt", "unknown judge"),
         ("judge_model", "gpt-5", "need judge='ruler'"),
         ("judge_method", "pairs", "unknown judge_method"),
+        ("judge_reward", "ranks", "unknown judge_reward"),
         ("reward_weight", -1.0, "reward_weight must be >= 0"),
         ("worked_share", 1.5, "worked_share must be between 0 and 1"),
     ],
@@ -272,6 +273,7 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
     assert (
         default.config.judge_method == "verdict" and "states the number that call returned" in default.rubric
     )
+    assert default.config.judge_reward == "best" and not default.config.judge_reference
     own = Demo(DemoConfig(judge="ruler", judge_model="smollm2-135m", judge_method="scores"))
     assert own.judge_is_policy_base and "Every success must score clearly higher" in own.rubric
     assert Demo(DemoConfig(judge="ruler", base_model=DEFAULT_JUDGE_MODEL)).judge_is_policy_base
