@@ -112,9 +112,12 @@ def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
             assert kept["rewards"] == [t.metrics["programmatic_reward"] for t in group]
         judged = [t for g in train for t in g]
         assert len(judged) + sum(len(g.failures) for g in train) == 4
-        for trajectory in judged:  # the judge's score is the reward; the right answer is kept beside it
-            assert trajectory.reward == trajectory.metrics["ruler_score"]
-            assert 0 <= trajectory.reward <= 1 and "programmatic_reward" in trajectory.metrics
+        for group in train:  # each group's best attempts by the judge's score get 1, the others 0
+            scores = [t.metrics["ruler_score"] for t in group]
+            assert [t.reward for t in group] == [float(score == max(scores)) for score in scores]
+        for trajectory in judged:  # the judge's score and the right answer are kept beside the reward
+            assert 0 <= trajectory.metrics["ruler_score"] <= 1 and "programmatic_reward" in trajectory.metrics
+            assert trajectory.reward == trajectory.metrics["ruler_best"]
         assert [g.metrics.get("judge/failed") for g in train] == [0, 0]  # each group judged, validly
 
         client = client_for(server)

@@ -371,3 +371,33 @@ def test_advantage_alignment_with_rewards_made_of_ranks_or_the_best() -> None:
     assert summary["advantage_alignment_group_best"] == by["best"]
     assert summary["advantage_alignment_group_rank"] == by["rank"]
     assert f"rewards made of ranks {by['rank']:.2f}, of the best 1 and the rest 0 1.00" in report.table()
+
+
+def test_the_cli_can_calibrate_a_judge_that_writes_a_reference_first(
+    script: ScriptedJudge, tmp_path: Path
+) -> None:
+    import math
+
+    from typer.testing import CliRunner
+
+    from journeyman.backend.cli import app
+
+    def reads(request: dict[str, Any]) -> Reply:
+        if not request.get("logprobs"):  # the reference, asked once for the group
+            return Reply("Add 2 and 3 with the tool, then say 5.")
+        assert "Add 2 and 3 with the tool" in request["messages"][-1]["content"]
+        q = min(max(quality(trajectory_texts_alone(request)[0]), 0.01), 0.99)
+        return Reply(top_logprobs={"yes": math.log(q), "no": math.log(1 - q)})
+
+    script.respond = reads
+    jm.ModelStore("demo", "agent", root=tmp_path).save_groups(GROUPS[:1], "train", 1)
+    with running(script) as url:
+        result = CliRunner().invoke(
+            app,
+            ["judge", "calibrate", "demo", "agent", "--judge-model", "judge", "--judge-base-url", url,
+             "--method", "verdict", "--reference", "--out", str(tmp_path / "r.json"), "--root", str(tmp_path)],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["reference"] is True and report["summary"]["pairwise_accuracy"] == 1.0
+    assert sum(not r.get("logprobs") for r in script.received) == 1
