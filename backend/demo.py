@@ -35,10 +35,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import journeyman as jm
 from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError
+from journeyman.ruler import RewardFrom
 
 try:
     import httpx
@@ -319,7 +320,7 @@ class DemoConfig:
     judge_reference: bool = False
     """Before judging a group, the judge writes how its question should be done (which tool, which
     numbers), and checks each attempt against that (``ruler_score_group(reference=True)``)."""
-    judge_reward: Literal["score", "rank", "best"] = "best"
+    judge_reward: RewardFrom = "best"
     """What the reward is made of: the judge's score, each attempt's rank in its group by score,
     or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``).
     ``best``: with the 1.5B's verdicts, 30 minutes took held-out success from 37% to 95%, where its
@@ -377,7 +378,7 @@ class DemoConfig:
             (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
-            (self.judge_reward in ("score", "rank", "best"), f"unknown judge_reward {self.judge_reward!r}: score, rank or best"),
+            (self.judge_reward in get_args(RewardFrom), f"unknown judge_reward {self.judge_reward!r}: score, rank or best"),
             (self.judge_method in DEMO_RUBRICS, f"unknown judge_method {self.judge_method!r}: scores, verdict or pairwise"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),

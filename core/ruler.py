@@ -131,8 +131,6 @@ should be done: which tools to call with which arguments, and what the final ans
 Be brief: one or two sentences. Do not work out what a tool would return."""
 
 _REFERENCE_QUESTION = "How should the agent do this task?"
-_VERDICT_REFERENCE_LAST = True
-"""Verdicts show the reference after the attempt's outcome, next to the question."""
 _REFERENCE_TOKENS = 64
 """The longest reference: at ~5 tokens/s (the 1.5B on 2 cores) a longer one costs more than the judging."""
 
@@ -381,17 +379,8 @@ def _ranks(scores: list[float]) -> list[float]:
     sharing their mean rank; 0.5 for a single score."""
     if len(scores) < 2:
         return [0.5] * len(scores)
-    order = sorted(range(len(scores)), key=scores.__getitem__)
-    ranks = [0.0] * len(scores)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
-            end += 1
-        for position in order[start : end + 1]:
-            ranks[position] = (start + end) / 2 / (len(scores) - 1)
-        start = end + 1
-    return ranks
+    below = [sum(other < score for other in scores) + (scores.count(score) - 1) / 2 for score in scores]
+    return [place / (len(scores) - 1) for place in below]
 
 
 def judged_rewards(scores: Sequence[float], reward_from: RewardFrom = "score") -> list[float]:
@@ -399,7 +388,8 @@ def judged_rewards(scores: Sequence[float], reward_from: RewardFrom = "score") -
     if reward_from == "rank":
         return _ranks(list(scores))
     if reward_from == "best":
-        return [float(score == max(scores)) for score in scores]
+        top = max(scores, default=0.0)
+        return [float(score == top) for score in scores]
     return list(scores)
 
 
@@ -576,7 +566,7 @@ async def _reference(judge: Judge, unique: list[list[_Conversation]], judgement:
     system prompt and the last request before the attempts (not the whole shared start, whose
     worked examples would cost a small judge seconds to read and tell it nothing new)."""
     messages = unique[0][0].messages
-    shared = _shared_prefix([conversations[0].messages for conversations in unique]) if len(unique) > 1 else 0
+    shared = _shared_start(unique)
     first = next((n for n, m in enumerate(messages) if n >= shared and m["role"] == "assistant"), None)
     before = messages[:first] if shared and first is not None else messages
     request = next((m for m in reversed(before) if m["role"] == "user"), None)
@@ -745,13 +735,19 @@ def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
     return shared
 
 
+def _shared_start(unique: list[list[_Conversation]]) -> int:
+    """How many leading messages every trajectory's main history shares (0 for one trajectory:
+    nothing tells its start from its attempt)."""
+    return _shared_prefix([conversations[0].messages for conversations in unique]) if len(unique) > 1 else 0
+
+
 def _layout(unique: list[list[_Conversation]], reference: str | None = None) -> tuple[int, bool, list[str]]:
     """What every trajectory shares: the number of leading messages, whether the tools, and the
     parts that show them once (``<available_tools>``, then ``<context>``: the tools first, so
     that prompts for groups with other questions still share them in a prefix cache; then the
     judge's ``<reference>``)."""
     mains = [conversations[0].messages for conversations in unique]
-    shared = _shared_prefix(mains) if len(unique) > 1 else 0
+    shared = _shared_start(unique)
     tool_lists = [c.tools for conversations in unique for c in conversations]
     tools_shared = all(tools == tool_lists[0] for tools in tool_lists)
     head = []
@@ -852,9 +848,9 @@ def _verdict_prompts(
 ) -> list[list[list[dict[str, str]]]]:
     """For each trajectory, one prompt per question (whether it achieved the goal, or each
     criterion), all starting alike (system, shared context, tools) and each trajectory's alike up to
-    its question, so a server with prefix caching reads that start once and each trajectory once."""
-    late = _VERDICT_REFERENCE_LAST and reference is not None
-    shared, tools_shared, head = _layout(unique, None if late else reference)
+    its question, so a server with prefix caching reads that start once and each trajectory once.
+    The judge's reference comes after the attempt's outcome, next to the question."""
+    shared, tools_shared, head = _layout(unique)
     answer = _CRITERION_ANSWER if criteria else _VERDICT_ANSWER
     system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip(), answer=answer)}
     questions = [f"{c.strip()} Answer yes or no." for c in criteria] if criteria else [_VERDICT_QUESTION]
@@ -864,8 +860,7 @@ def _verdict_prompts(
         outcome = _outcome(conversations, shared)
         if outcome is not None:
             parts.append(outcome)
-        if late:
-            assert reference is not None
+        if reference is not None:
             parts.append(_reference_block(reference))
         attempt = "\n".join(parts)
         prompts.append([[system, {"role": "user", "content": f"{attempt}\n{q}"}] for q in questions])
