@@ -46,6 +46,18 @@ Deviations from the papers, on purpose:
   with k3: :math:`\exp(\log\pi_{ref} - \log\pi_\theta) - (\log\pi_{ref} - \log\pi_\theta) - 1`,
   aggregated like the objective.
 
+Against TRL (``tests/unit/test_loss_reference.py`` runs TRL 1.16's ``GRPOTrainer._compute_loss`` on
+the same fp64 tensors): every variant, with and without the KL term, equals TRL's ``loss_type`` of
+the same name in value and gradient (GSPO: TRL's ``grpo`` at ``importance_sampling_level="sequence"``),
+except where journeyman differs on purpose:
+
+* CISPO's ``epsilon_high`` is the excess over 1, as in the paper's clip(r, 1-eps_low, 1+eps_high);
+  TRL's is the bound itself (our 5.0 is TRL's 6.0).
+* A sequence with no trained token counts in no denominator; TRL's ``grpo`` mean and ``dr_grpo``
+  divisor count its row.
+* Advantages divide by the group's population std + 1e-6; TRL's by the Bessel-corrected std + 1e-4:
+  a constant factor sqrt((n-1)/n) for groups of n.
+
 Every function here is pure: tensors in, tensors out, no trainer needed to test it.
 """
 
