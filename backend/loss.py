@@ -28,8 +28,9 @@ Deviations from the papers, on purpose:
 * The "old" policy of PPO is the sampling policy :math:`\mu` itself: journeyman takes one
   gradient step per batch of fresh rollouts, so :math:`\pi_{old} = \mu` up to the numerical
   mismatch between vLLM and the trainer. That mismatch is handled explicitly: tokens whose ratio
-  leaves :math:`[1/C, C]` can be masked (``mismatch="mask"``) or have their ratio truncated to
-  that range (``mismatch="truncate"``, the value clamped, the gradient direction kept).
+  leaves :math:`[1/C, C]` can be masked (``mismatch="mask"``: they add nothing, but still count in
+  the aggregation's denominators, so micro-batches add up to the whole batch) or have their ratio
+  truncated to that range (``mismatch="truncate"``, the value clamped, the gradient direction kept).
 * A token without a recorded sampling logprob (a turn captured from an external API and
   re-tokenised) uses :math:`\log\mu = \mathrm{sg}[\log\pi_\theta]`, i.e. ratio 1: plain
   REINFORCE with the group baseline.
@@ -265,10 +266,13 @@ def policy_loss(
     else:
         per_token = cispo_objective(logprobs, ratio, advantage, high)
         clipped = ratio.detach() > 1 + high
-    policy = aggregate(per_token, mask, variant.aggregation, max_tokens)
+    # Tokens the mismatch mask drops add nothing but keep their place in the denominators (as in
+    # TRL's off-policy mask): a micro-batch's share of the batch is then known before its forward
+    # pass, and the accumulated gradient does not depend on how the batch was split.
+    policy = aggregate(per_token * mask, given, variant.aggregation, max_tokens)
     total, kl = policy, None
     if beta and reference_logprobs is not None:
-        kl = aggregate(k3_kl(logprobs, reference_logprobs), mask, variant.aggregation, max_tokens)
+        kl = aggregate(k3_kl(logprobs, reference_logprobs) * mask, given, variant.aggregation, max_tokens)
         total = total + beta * kl
     return LossParts(
         loss=total,

@@ -162,3 +162,23 @@ def test_mismatch_masking_is_counted() -> None:
         mismatch_threshold=2.0,
     )
     assert parts.masked_by_mismatch.item() == 1.0
+
+
+@pytest.mark.parametrize("loss_type", get_args(L.LossType))
+def test_tokens_masked_for_mismatch_keep_their_place_in_the_denominators(loss_type: L.LossType) -> None:
+    """So the loss of a batch is the weighted sum of its parts' losses, however it is split."""
+    logprobs = t([[-1.0, -1.0, -1.0], [-2.0, -2.0, 0.0]], requires_grad=True)
+    sampling = t([[-1.0, -9.0, -1.05], [-2.0, -2.0, math.nan]])  # one token with ratio e^8
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    kwargs: dict[str, object] = {"mismatch": "mask", "mismatch_threshold": 2.0, "max_tokens": 4}
+    whole = L.policy_loss(loss_type, logprobs, sampling, mask, t([1.0, -1.0]), **kwargs)  # type: ignore[arg-type]
+    assert whole.masked_by_mismatch.item() == 1.0
+    parts = [
+        L.policy_loss(loss_type, logprobs[i : i + 1], sampling[i : i + 1], mask[i : i + 1], t([a]), **kwargs)  # type: ignore[arg-type]
+        for i, a in enumerate([1.0, -1.0])
+    ]
+    aggregation = L.LOSSES[loss_type].aggregation
+    weights = [3 / 5, 2 / 5] if aggregation == "token_mean" else [1 / 2, 1 / 2]  # the trainer's shares
+    assert whole.loss.item() == pytest.approx(
+        sum(w * p.loss.item() for w, p in zip(weights, parts, strict=True))
+    )
