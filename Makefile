@@ -9,7 +9,7 @@ setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
 
 test: setup  ## unit, integration (real model, real vLLM environment), faults; all but the slow tier
-	$(PY) -m pytest tests -q -m "not slow" --durations=40
+	$(PY) -m pytest tests -q -m "not slow" -rs --durations=40  # -rs: each skip and its reason, at the end
 
 test-slow: setup  ## the longest end-to-end runs (Qwen demo, RULER demo, merged Qwen, memory hand-back)
 	$(PY) -m pytest tests -q -m slow --durations=10

@@ -80,6 +80,12 @@ class Router:
         return self.server.config.merge_adapters
 
     @property
+    def reloading(self) -> bool:
+        """Merged weights are being reloaded (from the drain of running requests to the reload's
+        end): new requests wait at the gateway meanwhile."""
+        return self._reloading
+
+    @property
     def base_name(self) -> str:
         return self.server.config.served_name
 

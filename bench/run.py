@@ -25,6 +25,7 @@ SCRIPTS = [
     "train_throughput",
     "shared_prefix",
     "rl_step",
+    "step_memory",
     "distributed_step",
     "tracer_overhead",
     "load",

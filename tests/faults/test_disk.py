@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,13 +37,11 @@ CHUNKS = [
 async def test_an_unwritable_project_folder_fails_at_register_before_vllm_starts(tmp_path: Path) -> None:
     blocker = tmp_path / "runs"
     blocker.write_text("a file where the project folder should be")
-    start = time.monotonic()
     async with LocalBackend(root=blocker) as backend:
         model = jm.TrainableModel(name="m", project="p", base_model="smollm2-135m", root=blocker)
         with pytest.raises(jm.StorageError, match=r"could not write in .*runs.*fix the folder's permissions"):
             await model.register(backend)
-        assert backend.server is None and backend.gateway is None
-    assert time.monotonic() - start < 10
+        assert backend.server is None and backend.gateway is None  # it failed before starting vLLM
     assert blocker.read_text().startswith("a file")
 
 

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import journeyman as jm
+from journeyman.backend.trainer import Trainer
 from journeyman.config import TrainConfig
-
-torch = pytest.importorskip("torch")
-
-from journeyman.backend.trainer import Trainer  # noqa: E402
-from tests.integration.test_trainer import _groups  # noqa: E402
+from tests.integration.test_trainer import _groups
 
 CONFIG = TrainConfig(loss="dapo", learning_rate=5e-4)
 

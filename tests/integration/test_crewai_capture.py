@@ -101,12 +101,14 @@ def test_two_agent_crew_with_a_tool_is_captured_token_exact(crewai: Any, served:
         crew = _crew(crewai, served, seed)
         with CrewTracer(raise_error=True, crew=crew) as tracer:
             crew.kickoff()
+        assert tracer.errors == 0, (
+            f"seed {seed}: the tracer failed {tracer.errors} times"
+        )  # every run, not the last
         trajectory = tracer.trajectory
         if trajectory.metrics["tool_calls"]:
             break
     else:
         pytest.fail("no crew run called a tool in 12 seeds")
-    assert tracer.errors == 0
     names = [h.name for h in trajectory.histories]
     assert names[0] == "Calculator" and names[-1] == "Writer" and set(names) == {"Calculator", "Writer"}
     calculator = trajectory.histories[0]

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import transformers
 
 from journeyman.backend.models import MARKER, TOOL_TEMPLATE, prepare_model
-
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
 
 TOOLS = [
     {

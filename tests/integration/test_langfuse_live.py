@@ -12,9 +12,6 @@ import time
 import uuid
 
 import pytest
-
-pytest.importorskip("langfuse")
-
 from langfuse import Langfuse
 
 import journeyman as jm

@@ -14,6 +14,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 
@@ -130,6 +131,7 @@ def _first_tool_run(
     With ``streamed``, the agent runs with ``stream`` and the message chunks it yields land there.
     """
     make_agent = make_agent or (lambda llm, tools: create_react_agent(llm, tools, prompt=_few_shot))
+    stopped = []  # seeds whose run hit the recursion limit (the 135M can loop); any other error fails
     for seed in range(24):
         agent = make_agent(_llm(gateway, seed, model), tools)
         config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 8}
@@ -144,12 +146,13 @@ def _first_tool_run(
                         streamed.append(data[0])
                     else:
                         result = data
-        except Exception as error:
+        except GraphRecursionError as error:
             result = {"error": error}
+            stopped.append(seed)
         trajectory = tracer.trajectory
         if trajectory.metrics.get("tool_calls"):  # calls the model made (the worked examples hold some too)
             return result, trajectory
-    pytest.fail("no tool call in 24 seeded runs")
+    pytest.fail(f"no tool call in 24 seeded runs (seeds {stopped} hit the recursion limit)")
 
 
 @each_family
@@ -289,8 +292,10 @@ async def test_sixteen_concurrent_runs_through_one_tracer(gateway: GatewayThread
     results = await asyncio.gather(
         *(run(run_id, q, seed) for seed, (run_id, q) in enumerate(questions.items())), return_exceptions=True
     )
-    finished = [r for r in results if not isinstance(r, BaseException)]
-    assert len(tracer.trajectories) == 16 and len(finished) >= 12
+    # Every run finishes, or stopped at the recursion limit (the 135M can call tools in a loop).
+    failed = {i: r for i, r in enumerate(results) if isinstance(r, BaseException)}
+    assert all(isinstance(r, GraphRecursionError) for r in failed.values()), failed
+    assert len(tracer.trajectories) == 16
     seen: set[str] = set()
     for run_id, question in questions.items():
         trajectory = tracer.trajectory_for(run_id)

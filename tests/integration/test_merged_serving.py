@@ -13,6 +13,7 @@ import pytest
 from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.router import Router
 from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from tests.waits import until
 
 from .conftest import FAMILIES, make_adapter
 
@@ -129,11 +130,11 @@ async def test_requests_during_a_merged_deploy_all_answer_with_one_version(
         )
         return response.id
 
+    served = router.resolve("agent")[0]
     running = [asyncio.create_task(ask(n)) for n in range(6)]
-    await asyncio.sleep(0.3)  # they are running when the deploy starts
+    await until(lambda: router.in_flight(served) == 6, "the six requests to be admitted")
     deploy = asyncio.create_task(router.deploy("agent", adapter, 7))
-    while not router._reloading:  # merged; now waiting for the running requests to finish
-        await asyncio.sleep(0.01)
+    await until(lambda: router.reloading, "the deploy to hold new requests")  # merged; draining
     later = [asyncio.create_task(ask(n)) for n in range(6, 10)]  # held until the reload is done
     await deploy
     ids = await asyncio.gather(*running, *later)

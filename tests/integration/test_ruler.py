@@ -6,7 +6,6 @@ structured output (a JSON schema with one required key per trajectory id) guaran
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -19,6 +18,7 @@ import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.gateway import GatewayThread
 from tests.integration.conftest import SERVED_BASE
+from tests.waits import until
 
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
@@ -99,31 +99,25 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
             assert record is not None
             return jm.Trajectory(conversation=[*messages, record.model_turn()])  # no reward of its own
 
-        judged_groups = 0
         for step in range(2):
+            # Verdicts are read from logprobs: nothing to parse, so every group is judged (the
+            # scores method's parse failures and retries are tested with a scripted judge).
             groups = await jm.gather_trajectory_groups(
                 (jm.TrajectoryGroup(rollout(task) for _ in range(4)) for task in TASKS),
-                after_each=functools.partial(jm.ruler_score_group, judge=judge),
+                after_each=functools.partial(jm.ruler_score_group, judge=judge, method="verdict"),
                 progress=False,
             )
             assert len(groups) == 2
             for group in groups:
-                judged = group.metrics["judge/failed"] == 0
-                judged_groups += judged
-                # A judge that failed its retries (a sampled judge can) leaves the group unrewarded.
-                assert bool(group.failures) is not judged, group.failures
+                assert group.metrics["judge/failed"] == 0 and not group.failures, group.failures
                 for trajectory in group:
                     assert "programmatic_reward" not in trajectory.metrics
-                    if judged:
-                        assert trajectory.reward is not None and 0 <= trajectory.reward <= 1
-                        assert trajectory.reward == trajectory.metrics["ruler_score"]
-                    else:
-                        assert trajectory.reward is None
+                    assert trajectory.reward is not None and 0 <= trajectory.reward <= 1
+                    assert trajectory.reward == trajectory.metrics["ruler_score"]
             result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
             assert result.step == step + 1
             rewards = [t.reward for g in groups for t in g if t.reward is not None]
             assert result.metrics["reward/mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
-        assert judged_groups >= 3  # of 4: structured output makes valid answers the rule
         assert await model.get_step() == 2
         assert await model.list_checkpoints() == [0, 1, 2]
         assert len(records) == 2 * len(TASKS) * 4  # the rollouts' calls only: judging is not recorded
@@ -132,8 +126,7 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> N
         # by the backend's watchdog, as the policy's is, and judges again.
         assert judge_server.pid is not None
         os.kill(judge_server.pid, signal.SIGKILL)
-        while backend.judge_restarts == 0:
-            await asyncio.sleep(1)
+        await until(lambda: backend.judge_restarts > 0, "the watchdog to restart the judge", timeout=600)
         assert judge_server.is_running()
         group = jm.TrajectoryGroup([await rollout(TASKS[1]) for _ in range(4)])
         again = await jm.ruler_score_group(group, judge=judge, method="verdict")  # no answer to parse

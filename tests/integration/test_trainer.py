@@ -7,19 +7,16 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import torch
 
 import journeyman as jm
+from journeyman.backend.batch import Row, build_batch, pack
+from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.router import Router
+from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs, _sequence_views
 from journeyman.config import LossType, TrainConfig
 from journeyman.records import CompletionRecord
-
-torch = pytest.importorskip("torch")
-safetensors = pytest.importorskip("safetensors.torch")
-
-from journeyman.backend.batch import Row, build_batch, pack  # noqa: E402
-from journeyman.backend.gateway import GatewayThread  # noqa: E402
-from journeyman.backend.router import Router  # noqa: E402
-from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs, _sequence_views  # noqa: E402
-from tests.integration.conftest import QWEN, Served, each_family  # noqa: E402
+from tests.integration.conftest import QWEN, Served, each_family
 
 
 def _group(tokenizer: Any, question: str, answers: list[tuple[str, float]]) -> jm.TrajectoryGroup:
@@ -276,60 +273,44 @@ async def test_token_exact_assembly_from_gateway_records(tmp_path: Path, served:
     assert difference.mean() < 0.05
 
 
-def _rss_gib() -> tuple[float, float]:
-    """(resident now, peak so far) of this process."""
-    status = dict(
-        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line
-    )
-    return int(status["VmRSS"].split()[0]) / 2**20, int(status["VmHWM"].split()[0]) / 2**20
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-async def test_async_steps_run_on_one_thread_and_hand_their_memory_back(tmp_path: Path) -> None:
+async def test_async_steps_run_on_one_thread_and_hand_their_memory_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The demo was OOM-killed at 17.8 GB after 7 steps: each step ran on another worker thread,
-    and glibc kept each thread's freed activations. Now one thread trains, and a trim follows."""
+    and glibc kept each thread's freed activations. Now one thread trains, and a trim follows
+    each step on that thread. (How much comes back: ``python -m bench.step_memory``.)"""
     import asyncio
-    import random
     import threading
+
+    from bench.step_memory import demo_shaped_groups, resident_gib
+    from journeyman.backend import trainer as trainer_module
 
     trainer = Trainer("smollm2-135m", jm.ModelStore("test", "memory", root=tmp_path))
     trainer.load()
-    rng = random.Random(0)
-    groups = []
-    # The demo's shape: a long shared prompt, short answers, rewards spread. Three groups of
-    # 700 + 8 x 80 tokens fill one 4096-token micro-batch, as the demo's step does.
-    for _ in range(3):
-        prompt = [rng.randrange(100, 40000) for _ in range(700)]
-        trajectories = []
-        for i in range(8):
-            completion = [rng.randrange(100, 40000) for _ in range(80)]
-            turn = {
-                "type": "model_turn", "message": {"role": "assistant", "content": "x"},
-                "prompt_token_ids": prompt, "completion_token_ids": completion, "logprobs": [-1.0] * 80,
-            }  # fmt: skip
-            trajectories.append(
-                jm.Trajectory(conversation=[{"role": "user", "content": "q"}, turn], reward=i % 2)
-            )
-        groups.append(jm.TrajectoryGroup(trajectories))
-
+    groups = demo_shaped_groups()
     threads: list[int] = []
-    step = trainer.train_step
+    trims: list[tuple[int, float]] = []  # (thread, resident before the trim)
+    step, release = trainer.train_step, trainer_module.release_memory
 
     def spy(*args: Any) -> Any:
         threads.append(threading.get_ident())
         return step(*args)
 
+    def spied_release() -> None:
+        trims.append((threading.get_ident(), resident_gib()[0]))
+        release()
+
     trainer.train_step = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(trainer_module, "release_memory", spied_release)
     after = []
     for _ in range(2):
         busy = [
             asyncio.to_thread(threading.Event().wait, 0.2) for _ in range(4)
         ]  # other work on the default pool
         await asyncio.gather(trainer.train(groups, TrainConfig(learning_rate=1e-4)), *busy)
-        after.append(_rss_gib())
-    now, peak = after[-1]
-    print(f"\nresident after each step (GiB): {[round(r, 2) for r, _ in after]}; peak {peak:.2f}")
+        after.append(resident_gib()[0])
     assert len(set(threads)) == 1  # every step on the trainer's own thread
-    assert now < peak - 1.0  # the step's activations went back to the OS
-    assert after[-1][0] < after[0][0] + 0.5  # and nothing piles up from step to step
+    assert [thread for thread, _ in trims] == threads  # a trim after each step, on the thread that freed
+    assert all(now < held for now, (_, held) in zip(after, trims, strict=True))  # and it gave memory back

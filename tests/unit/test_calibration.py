@@ -317,7 +317,8 @@ def test_advantages_are_grpo_s() -> None:
 @pytest.mark.parametrize("scale", ["group", "none"])
 def test_group_advantages_match_the_trainers(scale: str) -> None:
     """Core's torch-free twin of backend/loss.py ``advantages``, group by group."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from journeyman.backend.loss import advantages
 
     groups = [[0.2, 0.9, 0.4, 0.9], [1.0, 1.0, 1.0], [0.0, 1.0], [0.5]]

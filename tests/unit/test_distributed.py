@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("torch")
-
 from journeyman.backend.batch import TrainSequence
 from journeyman.backend.distributed import shard, world
 from journeyman.backend.vllm import VLLMConfig, VLLMServer

@@ -13,9 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
-pytest.importorskip("langfuse")
-
 from langfuse import Langfuse
 from langfuse.api import ObservationV2
 from langfuse.api.core.pydantic_utilities import parse_obj_as

@@ -13,9 +13,6 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-pytest.importorskip("langfuse")
-
 from langfuse import Langfuse
 from langfuse.api.core.api_error import ApiError
 

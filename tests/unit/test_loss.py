@@ -6,10 +6,9 @@ import math
 from typing import get_args
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from journeyman.backend import loss as L  # noqa: E402
+from journeyman.backend import loss as L
 
 
 def t(values: object, **kwargs: object) -> torch.Tensor:

@@ -15,6 +15,7 @@ from journeyman.backend.merge import merge_adapter
 from journeyman.backend.router import ModelUnavailableError, Router
 from journeyman.backend.vllm import VLLMConfig, VLLMServer
 from journeyman.errors import AdapterError, ConfigError
+from tests.waits import until
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -154,8 +155,7 @@ def test_merged_router_holds_requests_while_it_reloads(tmp_path: Path) -> None:
         served, version = await router.admit("agent")
         assert (served, version) == ("base", 0)
         deploy = asyncio.create_task(router.deploy("agent", tmp_path / "adapter", 1))
-        while not router._reloading:  # merged, now waiting for the running request
-            await asyncio.sleep(0.01)
+        await until(lambda: router.reloading, "the deploy to hold new requests")  # merged; draining
         await asyncio.sleep(0.05)
         assert server.reloads == []
         admitted = asyncio.create_task(router.admit("agent"))  # arrives while the deploy waits

@@ -386,7 +386,8 @@ async def test_a_required_schema_that_is_rejected_fails_without_retries(
 
 
 async def test_a_langchain_chat_model_as_judge(url: str, script: ScriptedJudge, tmp_path: Path) -> None:
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai
+
     chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
     judge = jm.Judge(chat_model=chat, retry_delay=0, cache_dir=tmp_path / "c")
     assert judge.name == "lc-judge"
@@ -659,7 +660,8 @@ async def test_a_verdict_is_retried_after_a_5xx_and_fails_without_yes_or_no(
 
 
 async def test_verdicts_need_an_endpoint_and_a_known_method(url: str, tmp_path: Path) -> None:
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai
+
     chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
     judge = jm.Judge(chat_model=chat, cache=False)
     with pytest.raises(jm.ConfigError, match="a LangChain chat model does not return"):

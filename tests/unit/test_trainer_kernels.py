@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
-from journeyman.backend import fused_lora  # noqa: E402
-from journeyman.backend.trainer import _ChosenLogprobs, _chunk_logprobs  # noqa: E402
+from journeyman.backend import fused_lora
+from journeyman.backend.trainer import _ChosenLogprobs, _chunk_logprobs
 
 
 def test_chosen_logprobs_match_autograd_through_the_full_logits() -> None:

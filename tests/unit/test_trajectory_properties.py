@@ -58,9 +58,11 @@ def test_a_wrong_value_in_a_valid_trajectory_is_named(
 ) -> None:
     data = trajectory.model_dump(mode="json") | {field: value}
     try:
-        load_trajectory(data)
+        loaded = load_trajectory(data)
     except jm.InvalidDataError as error:
         assert f"\n  {field}" in str(error)  # the path of each problem starts at the bad field
+    else:  # the value happened to be valid there: it is kept, and round-trips
+        assert load_trajectory(loaded.model_dump_json()) == loaded
 
 
 @settings(max_examples=100, deadline=None)
