@@ -21,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import importlib.util
 import json
 import logging
 import math
+import os
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -244,13 +247,17 @@ class Trainer:
         adapter: dict[str, torch.Tensor],
         optimizer: dict[str, torch.Tensor],
     ) -> Path:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         with self.store.write_checkpoint(step) as folder:
-            self.model.save_pretrained(folder / ADAPTER, state_dict=adapter)
-            tensors = {"rng/torch": torch.get_rng_state()}
-            tensors |= {key: value.contiguous() for key, value in optimizer.items()}
-            save_file(tensors, str(folder / OPTIMIZER))
+            try:
+                self.model.save_pretrained(folder / ADAPTER, state_dict=adapter)
+                tensors = {"rng/torch": torch.get_rng_state()}
+                tensors |= {key: value.contiguous() for key, value in optimizer.items()}
+                save_file(tensors, str(folder / OPTIMIZER))
+            except SafetensorError as error:
+                raise _os_error(error) from error
             state = {
                 "step": step,
                 "base_model": str(self.base_model),
@@ -524,6 +531,15 @@ def _packed_inputs(rows: list[Row], pad: int) -> _PackedInputs:
     k = torch.arange(width)[None, :]  # (1, W)
     attention = (k <= q) & ((k >= segment[:, :, None]) | (k < prefix))  # (R, W, W)
     return _PackedInputs(input_ids, position_ids, attention[:, None], where)
+
+
+def _os_error(error: Exception) -> OSError:
+    """The OSError behind a failed safetensors write: it reports one (a full disk, measured: "I/O
+    error: No space left on device (os error 28)") as a SafetensorError, which the store's
+    handling of failed writes would not recognise."""
+    found = re.search(r"os error (\d+)", str(error))
+    code = int(found.group(1)) if found else errno.EIO
+    return OSError(code, os.strerror(code))
 
 
 def release_memory() -> None:

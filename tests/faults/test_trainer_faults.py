@@ -6,7 +6,8 @@ the lock.
 
 from __future__ import annotations
 
-import errno
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -26,12 +27,16 @@ from tests.integration.test_trainer import _groups
 
 CONFIG = TrainConfig(loss="dapo", learning_rate=5e-4)
 
-# The child trains step 1, then step 2 stalls with its checkpoint fully written under the
-# temporary name, just before the rename: the worst moment to die.
+# The child trains step 1, then is held at one moment of step 2 until it is killed: mid-forward,
+# mid-backward (torch's module hooks), just after the optimizer changed the weights in memory
+# (torch's optimizer hook), or with the checkpoint fully written under its temporary name just
+# before the rename (the store's own atomic folder, held open): the worst moments to die.
 CHILD = textwrap.dedent(
     """
     import asyncio, contextlib, sys, time
     from pathlib import Path
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import journeyman as jm
     import journeyman.store as store_module
@@ -39,21 +44,33 @@ CHILD = textwrap.dedent(
     from journeyman.config import TrainConfig
     from tests.faults.test_trainer_faults import groups_for
 
-    root, marker = Path(sys.argv[1]), Path(sys.argv[2])
+    root, marker, moment = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1)
     trainer.load()
     config = TrainConfig(loss="dapo", learning_rate=5e-4)
     asyncio.run(trainer.train(groups_for(trainer.tokenizer, 0), config))
-    atomic_dir = store_module.atomic_dir
 
-    @contextlib.contextmanager
-    def stalled(path):
-        with atomic_dir(path) as folder:
-            yield folder
-            marker.write_text(str(folder))
-            time.sleep(600)
+    def hold(where):
+        marker.write_text(where)
+        time.sleep(600)
 
-    store_module.atomic_dir = stalled
+    layer = trainer.model.get_base_model().get_decoder().layers[-1]
+    if moment == "forward":
+        layer.register_forward_hook(lambda *args: hold("forward"))
+    elif moment == "backward":
+        layer.register_full_backward_hook(lambda *args: hold("backward"))
+    elif moment == "optimizer":
+        register_optimizer_step_post_hook(lambda *args: hold("optimizer"))
+    else:
+        atomic_dir = store_module.atomic_dir
+
+        @contextlib.contextmanager
+        def held_open(path):
+            with atomic_dir(path) as folder:
+                yield folder
+                hold(str(folder))
+
+        store_module.atomic_dir = held_open
     asyncio.run(trainer.train(groups_for(trainer.tokenizer, 1), config))
     """
 )
@@ -77,19 +94,31 @@ def _lora(trainer: Trainer) -> dict[str, Any]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
 
 
-async def test_trainer_killed_mid_checkpoint_resumes_the_exact_step(tmp_path: Path) -> None:
-    root, marker = tmp_path / "killed", tmp_path / "stalled"
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The LoRA weights after steps 1 and 2 trained without interruption."""
+    straight = _trainer(tmp_path_factory.mktemp("straight"))
+    for variant in (0, 1):
+        asyncio.run(straight.train(groups_for(straight.tokenizer, variant), CONFIG))
+    return _lora(straight)
+
+
+@pytest.mark.parametrize("moment", ["forward", "backward", "optimizer", "checkpoint"])
+async def test_trainer_killed_mid_step_resumes_the_exact_step(
+    moment: str, tmp_path: Path, straight_run: dict[str, Any]
+) -> None:
+    root, marker = tmp_path / "killed", tmp_path / "held"
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(root), str(marker)], env=env, start_new_session=True,
+        [sys.executable, "-c", CHILD, str(root), str(marker), moment], env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
             assert child.poll() is None, child.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the child never reached the step-2 checkpoint"
+            assert time.monotonic() < deadline, f"the child never reached step 2's {moment}"
             time.sleep(0.1)
         os.killpg(child.pid, signal.SIGKILL)
         assert child.wait(30) == -signal.SIGKILL
@@ -99,8 +128,11 @@ async def test_trainer_killed_mid_checkpoint_resumes_the_exact_step(tmp_path: Pa
             child.wait()
 
     store = jm.ModelStore("test", "agent", root=root)
-    leftover = Path(marker.read_text())
-    assert leftover.is_dir() and leftover.name.startswith(".0002.")  # complete, but never renamed
+    if moment == "checkpoint":
+        leftover = Path(marker.read_text())
+        assert leftover.is_dir() and leftover.name.startswith(".0002.")  # complete, but never renamed
+    else:
+        assert marker.read_text() == moment
     assert store.checkpoint_steps() == [0, 1]  # no partial checkpoint is visible
     assert [r["step"] for r in store.read_history()] == [1]
     assert store.steps("train") == [0, 1]  # step 2's trajectories were on disk before it died
@@ -113,39 +145,92 @@ async def test_trainer_killed_mid_checkpoint_resumes_the_exact_step(tmp_path: Pa
     assert result.step == 2 and store.checkpoint_steps() == [0, 1, 2]
     assert [r["step"] for r in store.read_history()] == [1, 2]
     assert store.load_groups("train", 1) == saved  # the retried step's data is stored once
-
-    straight = _trainer(tmp_path / "straight")
-    for variant in (0, 1):
-        await straight.train(groups_for(straight.tokenizer, variant), CONFIG)
-    a, b = _lora(straight), _lora(resumed)
-    assert all(torch.allclose(a[n], b[n], atol=1e-6, rtol=0) for n in a)  # the same step as never killed
+    resumed_lora = _lora(resumed)
+    assert all(torch.allclose(straight_run[n], resumed_lora[n], atol=1e-6, rtol=0) for n in straight_run)
 
 
-async def test_disk_full_at_checkpoint_is_a_clear_error_and_the_step_can_be_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# The child runs in a mount namespace of its own, with the store on a tmpfs of 256 MiB: after
+# step 1 it fills the disk, leaving room for step 2's trajectories (and, for "optimizer", for its
+# adapter too), so a real ENOSPC hits while step 2's checkpoint is written; then it frees the space
+# and trains step 2 again. It reports what it saw as JSON, and the LoRA weights go outside the tmpfs.
+FULL_DISK_CHILD = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    import journeyman as jm
+    from journeyman.backend.trainer import ADAPTER, Trainer
+    from journeyman.config import TrainConfig
+    from tests.faults.test_trainer_faults import _lora, groups_for
+
+    root, where, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1)
+    trainer.load()
+    store = trainer.store
+    config = TrainConfig(loss="dapo", learning_rate=5e-4)
+    asyncio.run(trainer.train(groups_for(trainer.tokenizer, 0), config))
+    adapter = sum(f.stat().st_size for f in (store.checkpoint_path(1) / ADAPTER).rglob("*") if f.is_file())
+    room = 256 * 1024 + (adapter if where == "optimizer" else 0)
+    free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+    with open(root / "filler", "wb") as filler:
+        os.posix_fallocate(filler.fileno(), 0, free - room)
+    report = {"adapter_bytes": adapter, "room": room}
+    groups = groups_for(trainer.tokenizer, 1)
+    try:
+        asyncio.run(trainer.train(groups, config))
+        report["error"] = None
+    except Exception as error:
+        report["error"] = [type(error).__name__, str(error)]
+    report["step"] = trainer.step
+    report["checkpoints"] = store.checkpoint_steps()
+    report["hidden"] = sorted(p.name for p in store.checkpoints_path.iterdir() if p.name.startswith("."))
+    report["history"] = [r["step"] for r in store.read_history()]
+    report["groups_kept"] = store.load_groups("train", 1) == groups
+    (root / "filler").unlink()
+    result = asyncio.run(trainer.train(groups, config))
+    report["retried"] = [result.step, store.checkpoint_steps(), [r["step"] for r in store.read_history()]]
+    save_file(_lora(trainer), str(out))
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["adapter", "optimizer"])
+def test_a_full_disk_at_checkpoint_is_a_clear_error_and_the_step_can_be_retried(
+    where: str, tmp_path: Path, straight_run: dict[str, Any]
 ) -> None:
-    trainer = _trainer(tmp_path)
-    groups = groups_for(trainer.tokenizer, 0)
-    real_replace = os.replace
+    from safetensors.torch import load_file
 
-    def disk_full(src: Any, dst: Any) -> None:
-        if Path(dst).name == "0001":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", disk_full)
-    with pytest.raises(jm.StorageError, match=r"No space left on device.*Free disk space"):
-        await trainer.train(groups, CONFIG)
-    assert trainer.step == 0 and trainer.store.checkpoint_steps() == [0]
-    assert trainer.store.read_history() == []
-    assert not [p for p in trainer.store.checkpoints_path.iterdir() if p.name.startswith(".")]
-    assert trainer.store.load_groups("train", 0) == groups  # the data of the step is kept
-
-    monkeypatch.undo()  # space freed: the same call now succeeds, from the last saved weights
-    result = await trainer.train(groups, CONFIG)
-    assert result.step == 1 and trainer.store.checkpoint_steps() == [0, 1]
-    assert trainer.store.load_groups("train", 0) == groups
-    reference = _trainer(tmp_path / "reference")
-    await reference.train(groups, CONFIG)
-    a, b = _lora(reference), _lora(trainer)
-    assert all(torch.allclose(a[n], b[n], atol=1e-6, rtol=0) for n in a)
+    root, out = tmp_path / "store", tmp_path / "lora.safetensors"
+    root.mkdir()
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+    # root may make a mount namespace directly; anyone else through a user namespace of their own
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    script = f'mount -t tmpfs -o size=256m tmpfs "$1" && exec "{sys.executable}" -c "$2" "$1" "$3" "$4"'
+    done = subprocess.run(
+        [*unshare, "sh", "-c", script, "sh", str(root), FULL_DISK_CHILD, where, str(out)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        "the test needs a tmpfs in a mount namespace of its own (unshare --mount, or user namespaces):\n"
+        + done.stdout[-3000:] + done.stderr[-3000:]
+    )  # fmt: skip
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("REPORT ")]
+    report = json.loads(line.removeprefix("REPORT "))
+    assert report["error"] is not None, f"the step fit in {report['room']} bytes"
+    kind, message = report["error"]
+    assert kind == "StorageError" and "No space left on device" in message and "Free disk space" in message, (
+        message
+    )
+    assert (
+        report["step"] == 1 and report["checkpoints"] == [0, 1] and report["hidden"] == []
+    )  # nothing partial
+    assert report["history"] == [1] and report["groups_kept"]  # the step's data is kept for the retry
+    assert report["retried"] == [2, [0, 1, 2], [1, 2]]  # space freed: the same call now succeeds ...
+    lora = load_file(str(out))
+    assert all(
+        torch.allclose(straight_run[n], lora[n], atol=1e-6, rtol=0) for n in straight_run
+    )  # ... exactly

@@ -125,13 +125,16 @@ def _first_tool_run(
     make_agent: Callable[[ChatOpenAI, list[Any]], Any] | None = None,
     streamed: list[Any] | None = None,
     model: str = SERVED_BASE,
+    raised: type[Exception] = GraphRecursionError,
 ) -> tuple[dict[str, Any], jm.Trajectory]:
     """Seeded runs until the model calls a tool (it does in about a third of samples).
 
     With ``streamed``, the agent runs with ``stream`` and the message chunks it yields land there.
+    A run may end in ``raised`` (by default the recursion limit: the 135M can loop), kept as the
+    result's ``error``; any other exception fails the test.
     """
     make_agent = make_agent or (lambda llm, tools: create_react_agent(llm, tools, prompt=_few_shot))
-    stopped = []  # seeds whose run hit the recursion limit (the 135M can loop); any other error fails
+    stopped = []  # seeds whose run raised ``raised``
     for seed in range(24):
         agent = make_agent(_llm(gateway, seed, model), tools)
         config: RunnableConfig = {"callbacks": [tracer], "recursion_limit": 8}
@@ -146,13 +149,13 @@ def _first_tool_run(
                         streamed.append(data[0])
                     else:
                         result = data
-        except GraphRecursionError as error:
+        except raised as error:
             result = {"error": error}
             stopped.append(seed)
         trajectory = tracer.trajectory
         if trajectory.metrics.get("tool_calls"):  # calls the model made (the worked examples hold some too)
             return result, trajectory
-    pytest.fail(f"no tool call in 24 seeded runs (seeds {stopped} hit the recursion limit)")
+    pytest.fail(f"no tool call in 24 seeded runs (seeds {stopped} raised {raised.__name__})")
 
 
 @each_family
@@ -237,7 +240,7 @@ def test_token_streamed_calls_are_captured_token_exact(gateway: GatewayThread, t
 def test_tool_error_from_a_real_run_is_recorded(gateway: GatewayThread, tokenizer: Any) -> None:
     tracer = TrajectoryTracer(raise_error=True)
     result, trajectory = _first_tool_run(
-        gateway, [broken_add, broken_multiply], tracer, "What is 23 plus 19?"
+        gateway, [broken_add, broken_multiply], tracer, "What is 23 plus 19?", raised=RuntimeError
     )
     assert isinstance(result["error"], RuntimeError)  # the agent's own behaviour: the error propagates
     assert trajectory.metrics["tool_errors"] == 1
