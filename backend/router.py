@@ -152,10 +152,13 @@ class Router:
         """Serve ``adapter_dir`` as ``name@step`` and point ``name`` at it; return the served name.
 
         ``adapter_dir=None`` (only at step 0) serves the base model under ``name``. If the load
-        fails, :class:`AdapterError` is raised and ``name`` keeps answering with its old version.
+        fails, :class:`AdapterError` is raised and ``name`` keeps answering with its old version;
+        if it failed because vLLM died, ``name`` points at the new version, which the server's
+        restart loads.
         """
         validate_name(name, "model name")
         async with self._deploy_lock:
+            processes = self._processes()
             deployment = self.deployments.get(name)
             if adapter_dir is None and step != 0:
                 raise AdapterError(
@@ -168,7 +171,14 @@ class Router:
                         f"{name} needs a server of its own (or merge_adapters=False to serve both as adapters)"
                     )
                 served = self.base_name
-                await self._reload(adapter_dir, then=lambda: self._point(name, served, adapter_dir, step))
+                try:
+                    await self._reload(adapter_dir, then=lambda: self._point(name, served, adapter_dir, step))
+                except AdapterError:
+                    if not self._died_since(processes):
+                        raise
+                    self._died_while("reloading its weights for", f"{name}@{step}")
+                    self._point(name, served, adapter_dir, step)
+                    self._merged_from = None  # the restarted server starts from the base weights
             else:
                 if adapter_dir is None:
                     served = self.base_name
@@ -179,7 +189,12 @@ class Router:
                             f"{served} is already loaded; deploy each training step once (a same-name reload "
                             "can serve stale weights in vLLM)"
                         )
-                    await self.server.load_adapter(served, adapter_dir)
+                    try:
+                        await self.server.load_adapter(served, adapter_dir)
+                    except AdapterError:
+                        if not self._died_since(processes):
+                            raise
+                        self._died_while("loading", served)
                 deployment = self._point(name, served, adapter_dir, step)
                 if adapter_dir is not None:
                     deployment.loaded.append((step, served, Path(adapter_dir)))
@@ -195,7 +210,26 @@ class Router:
         deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
         return deployment
 
+    def _processes(self) -> tuple[int | None, ...]:
+        servers = self.server.servers if isinstance(self.server, Replicas) else [self.server]
+        return tuple(server.pid for server in servers)
+
+    def _died_since(self, processes: tuple[int | None, ...]) -> bool:
+        """A server process died (or was already replaced by the watchdog) since ``processes``."""
+        return self.server.exit_code() is not None or self._processes() != processes
+
+    def _died_while(self, doing: str, served: str) -> None:
+        """vLLM died under a deploy: the step is kept, and the restart (LocalBackend's watchdog, or
+        :meth:`restart_server`) serves it with the other kept versions. Nothing is lost, so the
+        deploy does not fail; requests meanwhile get the gateway's "not running" answer."""
+        logger.warning(
+            "vLLM died while %s %s (exit code %s); %s is served once vLLM is restarted",
+            doing, served, self.server.exit_code(), served,
+        )  # fmt: skip
+
     async def _unload_old(self, deployment: Deployment) -> None:
+        if self.server.exit_code() is not None:
+            return  # a dead server holds nothing; its restart loads only what is kept
         while len(deployment.loaded) > self.keep_versions:
             _, served, _ = deployment.loaded[0]
             if served == deployment.served_name:
@@ -250,6 +284,7 @@ class Router:
                 if self.merged:
                     self._merged_from = None  # a restarted server loads the base weights
                     await self._reload(deployment.adapter_dir)
+                del deployment.loaded[: -self.keep_versions]  # more if a deploy met a dead server
                 for _, served, folder in deployment.loaded:
                     await self.server.load_adapter(served, folder)
 

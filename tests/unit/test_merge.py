@@ -180,6 +180,41 @@ def test_merged_router_holds_requests_while_it_reloads(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+class DyingServer(ReloadingServer):
+    """Dies under its first reload; reloads normally once "restarted"."""
+
+    def __init__(self, model: Path, log_dir: Path) -> None:
+        super().__init__(model, log_dir)
+        self.code: int | None = None
+        self.dead_once = False
+
+    async def reload_weights(self, folder: Path, client: object = None) -> None:
+        if not self.dead_once:
+            self.dead_once, self.code = True, -9
+            raise AdapterError("could not reload weights: vLLM did not answer")
+        await super().reload_weights(folder, client)
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+
+def test_a_merged_reload_vllm_died_under_is_served_after_the_restart(tmp_path: Path) -> None:
+    _adapter(_tiny_base(tmp_path / "base"), tmp_path / "adapter")
+    server = DyingServer(tmp_path / "base", tmp_path)
+    router = Router(server)
+
+    async def scenario() -> None:
+        await router.deploy("agent", None, 0)
+        assert await router.deploy("agent", tmp_path / "adapter", 1) == "base"  # no error: nothing lost
+        assert router.resolve("agent") == ("base", 1) and not router.reloading
+        server.code = None  # restarted, with the base weights
+        await router.redeploy()
+        ((names, _, _),) = server.reloads  # the restart merged step 1's adapter in
+        assert len(names) == 2 * len(TARGETS)
+
+    asyncio.run(scenario())
+
+
 def test_merged_mode_needs_a_loopback_server(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="loopback"):
         VLLMServer(VLLMConfig(model="m", merge_adapters=True, host="0.0.0.0"), log_path=tmp_path / "x.log")
