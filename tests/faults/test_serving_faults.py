@@ -24,6 +24,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.vllm import free_port
+from tests.waits import until
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -241,3 +242,34 @@ async def test_vllm_killed_mid_gather_fails_rollouts_as_data_then_restarts_with_
         [jm.TrajectoryGroup(_rollout(model, backend, 8) for _ in range(2))], progress=False
     )
     assert len(again[0]) == 2 and again[0].failures == []
+
+
+async def test_vllm_killed_as_an_adapter_load_starts_serves_that_step_after_the_restart(
+    served: tuple[LocalBackend, jm.TrainableModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's checkpoint is on disk when its adapter is loaded: vLLM dying then loses nothing.
+    The step is reported trained, and the watchdog's restart serves it."""
+    backend, model = served
+    server = backend.server
+    assert server is not None and server.pid is not None
+    groups = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup(_rollout(model, backend, 8) for _ in range(4))], progress=False
+    )
+    assert len(set(groups[0].rewards)) > 1, groups[0].rewards  # something to learn, so a deploy
+    restarts, step = backend.restarts, await model.get_step()
+    load, process = server.load_adapter, server._process
+    assert process is not None
+
+    async def killed_first(name: str, path: Path, client: Any = None) -> None:
+        os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait)  # dead (the watchdog may be restarting it already)
+        await load(name, path, client)  # the real request, to a server that is gone
+
+    monkeypatch.setattr(server, "load_adapter", killed_first)
+    result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
+    monkeypatch.undo()
+    assert result.step == step + 1 and await model.get_step() == step + 1
+    assert result.step in await model.list_checkpoints()
+    await until(lambda: backend.restarts > restarts, "the watchdog to restart vLLM", timeout=600)
+    _, record = await _greedy(model, backend)
+    assert record.served_model == f"agent@{result.step}" and record.policy_version == result.step

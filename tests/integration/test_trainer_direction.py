@@ -245,8 +245,8 @@ def test_the_step_gradient_is_the_formulas_however_the_batch_is_split(
     expected = formula_gradient(model, items, TrainConfig(loss=loss, mismatch="mask"))
     for budget in (4096, 8):
         config = TrainConfig(loss=loss, mismatch="mask", micro_batch_tokens=budget, max_grad_norm=None)
-        assert_same_gradient(step_gradient(trainer(tmp_path / str(budget), random_adapter=True), items, config),
-                             expected)  # fmt: skip
+        stepped = step_gradient(trainer(tmp_path / str(budget), random_adapter=True), items, config)
+        assert_same_gradient(stepped, expected)
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
@@ -257,8 +257,8 @@ def test_reward_scaling(scale: str, tmp_path: Path, tokenizer: Any) -> None:
     gradient = formula_gradient(model, items, config)
     assert_same_gradient(step_gradient(model, items, config), gradient)
     other = "none" if scale != "none" else "group"
-    assert_different_gradient(gradient, formula_gradient(trainer(tmp_path / "other"), items,
-                                                         TrainConfig(scale_rewards=other)))  # fmt: skip
+    scaled_otherwise = formula_gradient(trainer(tmp_path / "other"), items, TrainConfig(scale_rewards=other))
+    assert_different_gradient(gradient, scaled_otherwise)
 
 
 @pytest.mark.parametrize("mismatch", ["mask", "truncate"])
@@ -308,15 +308,15 @@ def test_the_kl_term_pulls_toward_the_base_model(tmp_path: Path, tokenizer: Any)
         result = model.train_step(groups(items), config)
     assert_same_gradient(recorded, expected)
     assert result.metrics["train/kl"] > 0
-    assert_different_gradient(expected, formula_gradient(trainer(tmp_path / "no-kl", random_adapter=True),
-                                                         items, TrainConfig()))  # fmt: skip
+    without_kl = formula_gradient(trainer(tmp_path / "no-kl", random_adapter=True), items, TrainConfig())
+    assert_different_gradient(expected, without_kl)
 
 
 def test_logits_in_chunks_give_the_same_gradient(tmp_path: Path, tokenizer: Any) -> None:
     items = on_policy(trainer(tmp_path / "a"), answers(tokenizer))
     whole = step_gradient(trainer(tmp_path / "b"), items, TrainConfig(max_grad_norm=None))
-    assert_same_gradient(step_gradient(trainer(tmp_path / "c"), items, TrainConfig(logprob_chunk=1, max_grad_norm=None)),
-                         whole)  # fmt: skip
+    chunked = step_gradient(trainer(tmp_path / "c"), items, TrainConfig(logprob_chunk=1, max_grad_norm=None))
+    assert_same_gradient(chunked, whole)
 
 
 def test_the_gradient_clip_bounds_the_norm_and_keeps_the_direction(tmp_path: Path, tokenizer: Any) -> None:
