@@ -273,3 +273,41 @@ async def test_vllm_killed_as_an_adapter_load_starts_serves_that_step_after_the_
     await until(lambda: backend.restarts > restarts, "the watchdog to restart vLLM", timeout=600)
     _, record = await _greedy(model, backend)
     assert record.served_model == f"agent@{result.step}" and record.policy_version == result.step
+
+
+async def test_vllm_killed_as_a_merged_reload_starts_serves_that_step_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with merged serving: the restarted server starts from the base weights, and the
+    restart merges the step's adapter in."""
+    async with LocalBackend(root=tmp_path, watch_interval=0.5, merge_adapters=True) as backend:
+        model = jm.TrainableModel(name="agent", project="faults", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        server = backend.server
+        assert server is not None and server.config.merge_adapters
+        groups = await jm.gather_trajectory_groups(
+            [jm.TrajectoryGroup(_rollout(model, backend, 8) for _ in range(4))], progress=False
+        )
+        assert len(set(groups[0].rewards)) > 1, groups[0].rewards
+        reload, process = server.reload_weights, server._process
+        assert process is not None
+
+        async def killed_first(folder: Path, client: Any = None) -> None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+            await reload(folder, client)  # the real request, to a server that is gone
+
+        reloaded: list[Path] = []
+
+        async def recorded(folder: Path, client: Any = None) -> None:
+            reloaded.append(Path(folder))
+            await reload(folder, client)
+
+        monkeypatch.setattr(server, "reload_weights", killed_first)
+        result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
+        monkeypatch.setattr(server, "reload_weights", recorded)
+        assert result.step == 1 and await model.list_checkpoints() == [0, 1]
+        await until(lambda: backend.restarts > 0, "the watchdog to restart vLLM", timeout=600)
+        assert len(reloaded) == 1  # the restart merged step 1's adapter into the fresh base weights
+        _, record = await _greedy(model, backend)
+        assert record.served_model == server.config.served_name and record.policy_version == 1
