@@ -16,8 +16,8 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend.vllm import free_port
-from journeyman.records import CompletionRecord
-from tests.integration.test_local_backend import QUESTIONS, ask
+from tests.integration.test_local_backend import QUESTIONS
+from tests.integration.test_remote_backend import rollout
 from tests.waits import until
 
 TOKEN = "test-token-456"
@@ -62,15 +62,9 @@ async def test_serve_killed_during_train_fails_clearly_and_the_retry_trains_once
             await model.register(backend)
             records = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"})
 
-            async def rollout(question: str, answer: str) -> jm.Trajectory:
-                messages, completion_id, reward = await ask(model, question, answer)
-                record = CompletionRecord.model_validate_json(
-                    (await records.get(f"/records/{completion_id}")).text
-                )
-                return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
-
             groups = await jm.gather_trajectory_groups(
-                (jm.TrajectoryGroup(rollout(q, a) for _ in range(6)) for q, a in QUESTIONS), progress=False
+                (jm.TrajectoryGroup(rollout(model, records, q, a) for _ in range(6)) for q, a in QUESTIONS),
+                progress=False,
             )
             await records.aclose()
             training = asyncio.create_task(model.train(groups, jm.TrainConfig(learning_rate=1e-4)))

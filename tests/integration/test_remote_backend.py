@@ -58,6 +58,15 @@ def serve(tmp_path: Path) -> Iterator[str]:
     log.close()
 
 
+async def rollout(
+    model: jm.TrainableModel, records: httpx.AsyncClient, question: str, answer: str
+) -> jm.Trajectory:
+    """One question through the remote server, its trajectory read back from the server's ``/records``."""
+    messages, completion_id, reward = await ask(model, question, answer)
+    record = CompletionRecord.model_validate_json((await records.get(f"/records/{completion_id}")).text)
+    return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
+
+
 async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: Path) -> None:
     async with jm.RemoteBackend(serve, token=TOKEN) as backend:
         model = jm.TrainableModel(
@@ -69,16 +78,10 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
         client = model.openai_client()  # sends the token as its API key
         records = httpx.AsyncClient(base_url=serve, headers={"Authorization": f"Bearer {TOKEN}"})
 
-        async def rollout(question: str, answer: str) -> jm.Trajectory:
-            messages, completion_id, reward = await ask(model, question, answer)
-            record = CompletionRecord.model_validate_json(
-                (await records.get(f"/records/{completion_id}")).text
-            )
-            return jm.Trajectory(conversation=[*messages, record.model_turn()], reward=reward)
-
         for step in range(2):
             groups = await jm.gather_trajectory_groups(
-                (jm.TrajectoryGroup(rollout(q, a) for _ in range(6)) for q, a in QUESTIONS), progress=False
+                (jm.TrajectoryGroup(rollout(model, records, q, a) for _ in range(6)) for q, a in QUESTIONS),
+                progress=False,
             )
             result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
             assert result.step == step + 1 and "train/loss" in result.metrics
