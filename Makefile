@@ -23,7 +23,7 @@ test-integration: setup
 test-faults: setup  ## injected faults (vLLM and trainer killed, disk full), bad input, security
 	$(PY) -m pytest tests/faults -q
 
-check: setup  ## lint, format check, types (strict on core/)
+check: setup  ## lint, format check, types (mypy strict on every module)
 	$(VENV)/bin/ruff check core integrations backend tests bench examples
 	$(VENV)/bin/ruff format --check core integrations backend tests bench examples
 	VENV=$(VENV) bash scripts/typecheck.sh

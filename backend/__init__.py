@@ -1,6 +1,17 @@
-"""Serving and training: vLLM, the capture gateway, the GRPO trainer, the local backend, the CLI.
+"""Serving and training, and the service that joins them.
 
-Importing this package is light; ``LocalBackend`` loads torch and friends when first used.
+=====================  ======================================================================
+``serving/``           vLLM as a subprocess (``vllm``, its plugin and chat templates), the
+                       capture gateway, the router that deploys adapters, replicas, merging.
+``training/``          the GRPO LoRA trainer, its losses, batching, kernels, data parallelism.
+``local.py``           :class:`LocalBackend`: one inference server, the gateway and the trainer.
+``models.py``          the embedded models and their one-time conversion, used by both halves.
+``settings.py``        where things are kept (environment variables).
+``app/``               the application on top: the command line, the demo, the HTTP server.
+=====================  ======================================================================
+
+Serving and training never import each other: ``local.py`` is the seam. Importing this package
+is light; ``LocalBackend`` loads torch and friends when first used.
 """
 
 from typing import Any

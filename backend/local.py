@@ -28,12 +28,15 @@ from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
-from .fleet import AdapterPush, Replicas
-from .gateway import Gateway, GatewayThread, RecordLog
 from .models import EMBEDDED_MODELS, resolve_base_model
-from .router import Router
-from .trainer import Trainer
-from .vllm import VLLMConfig, VLLMServer, cuda_available
+from .serving.adapters import AdapterPush
+from .serving.engine import Engine, InferenceServer
+from .serving.engine import engine as engine_of
+from .serving.gateway import Gateway, GatewayThread, RecordLog
+from .serving.replicas import Replicas
+from .serving.router import Router
+from .serving.vllm import VLLMConfig, cuda_available
+from .training.trainer import Trainer
 
 __all__ = ["LocalBackend"]
 
@@ -59,6 +62,7 @@ class LocalBackend:
         merge_adapters: bool | None = None,
         replicas: int = 1,
         inference: bool = True,
+        engine: str | Engine = "vllm",
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {replicas}")
@@ -78,7 +82,10 @@ class LocalBackend:
         """Serve the gateway on a thread and port of its own; False when an outer server (``journeyman
         serve``) routes to :attr:`gateway_app` on its own event loop."""
         self.gateway_app: Gateway | None = None
-        self.server: VLLMServer | Replicas | None = None
+        self.engine = engine_of(engine)
+        """Makes each inference server (``engine(config, log_path=...)``): vLLM unless a name in
+        :data:`~journeyman.backend.serving.engine.ENGINES` or a class says otherwise."""
+        self.server: InferenceServer | None = None
         self.router: Router | None = None
         self.gateway: GatewayThread | None = None
         self.records: RecordLog | None = None
@@ -91,18 +98,18 @@ class LocalBackend:
         self._trainers: dict[str, Trainer] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self.push_to = push_to
-        """Also deploy each trained step to these remote gateways (backend/fleet.py)."""
+        """Also deploy each trained step to these remote gateways (backend/serving/adapters.py)."""
         self.trainer_class = trainer_class
-        """``LeaderTrainer`` under torchrun (backend/distributed.py)."""
+        """``LeaderTrainer`` under torchrun (backend/training/distributed.py)."""
         self.merge_adapters = merge_adapters
         """Serve each trained step merged into vLLM's weights (one trained model, about 2x faster
         decoding on CPU) instead of as a LoRA adapter; None keeps the ``vllm`` config's choice."""
         self.replicas = replicas
-        """vLLM servers behind the gateway (backend/fleet.py ``Replicas``), each rollout sticking to
+        """vLLM servers behind the gateway (backend/serving/replicas.py), each rollout sticking to
         one. On CPU the cores are split between them; on CUDA each gets its own GPUs."""
         self.inference = inference
         """False on a trainer-only machine: no local vLLM, each step goes to ``push_to``."""
-        self.judge_servers: dict[str, VLLMServer] = {}
+        self.judge_servers: dict[str, InferenceServer] = {}
         """Judge models served by :meth:`start_judge`, by name; stopped with the backend."""
 
     async def __aenter__(self) -> LocalBackend:
@@ -139,10 +146,10 @@ class LocalBackend:
             self.gateway = GatewayThread(self.gateway_app, port=self.gateway_port).start()
         self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
 
-    def _servers(self, config: VLLMConfig) -> VLLMServer | Replicas:
+    def _servers(self, config: VLLMConfig) -> InferenceServer:
         logs = self.root / "logs"
         if self.replicas == 1:
-            return VLLMServer(config, log_path=logs / "vllm.log")
+            return self.engine(config, log_path=logs / "vllm.log")
         servers = []
         for i in range(self.replicas):
             if cuda_available():
@@ -151,7 +158,7 @@ class LocalBackend:
                 replica = replace(config, env={**config.env, "CUDA_VISIBLE_DEVICES": gpus})
             else:
                 replica = replace(config, cpu_cores=_share(self.vllm_cores, i, self.replicas))
-            servers.append(VLLMServer(replica, log_path=logs / f"vllm{i}.log"))
+            servers.append(self.engine(replica, log_path=logs / f"vllm{i}.log"))
         return Replicas(servers)
 
     async def _watch(self) -> None:
@@ -172,7 +179,7 @@ class LocalBackend:
                 logger.exception("restarting vLLM failed; trying again in %.0f s", 10 * self.watch_interval)
                 await asyncio.sleep(10 * self.watch_interval)
 
-    async def _restart_judge(self, name: str, server: VLLMServer) -> None:
+    async def _restart_judge(self, name: str, server: InferenceServer) -> None:
         logger.warning(
             "the judge server for %s exited (code %s; killed for memory if -9: see %s); restarting it",
             name, server.exit_code(), server.log_path,
@@ -252,7 +259,7 @@ class LocalBackend:
                 max_model_len=8192, kv_cache_gib=1.0, extra_args=() if cuda_available() else ("--enforce-eager",),
             )  # fmt: skip
             config = replace(config, model=base, cpu_cores=cores or self.vllm_cores, reserved_cpus=0)
-            server = VLLMServer(config, log_path=self.root / "logs" / f"judge-{name}.log")
+            server = self.engine(config, log_path=self.root / "logs" / f"judge-{name}.log")
             server.launch()
             try:
                 await asyncio.to_thread(server.wait_healthy)

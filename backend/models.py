@@ -102,7 +102,7 @@ class EmbeddedModel:
     licence: str
     """The model's licence (SPDX)."""
     template: str | None = None
-    """Resource name of our tool-aware chat template in ``journeyman.backend.templates``; None
+    """Resource name of our tool-aware chat template in ``journeyman.backend.serving.templates``; None
     keeps the model's own template from the GGUF (for models whose template renders tools)."""
 
     @property
@@ -321,7 +321,7 @@ def assemble_gguf(model: EmbeddedModel, out: Path) -> Path:
 def _template_text(model: EmbeddedModel) -> str | None:
     if model.template is None:
         return None
-    return resources.files("journeyman.backend").joinpath("templates", model.template).read_text()
+    return resources.files("journeyman.backend.serving").joinpath("templates", model.template).read_text()
 
 
 def _expected_marker(model: EmbeddedModel) -> dict[str, Any]:
@@ -426,7 +426,7 @@ def _convert(gguf: Path, template: str | None, out: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     # A GGUF with its own output matrix (Qwen2.5-Coder-0.5B's) converts untied; one without
     # (SmolLM2, the 1.5B) ties the output to the embeddings, as the config says.
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
@@ -441,7 +441,7 @@ def _convert(gguf: Path, template: str | None, out: Path) -> None:
     # sampling defaults: vLLM would apply them to every request, and RL samples the plain policy.
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = list(dict.fromkeys([tokenizer.eos_token_id, pad]))
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos if len(eos) > 1 else eos[0], pad_token_id=pad
     )
     logger.info("saving bf16 safetensors into %s", out)
@@ -452,7 +452,7 @@ def _convert(gguf: Path, template: str | None, out: Path) -> None:
     elif not tokenizer.chat_template or "tools" not in tokenizer.chat_template:
         raise ModelPreparationError(
             f"{gguf.name} carries no chat template that renders tools; give the model a tool-aware "
-            "template in journeyman.backend.templates"
+            "template in journeyman.backend.serving.templates"
         )
     tokenizer.save_pretrained(out)
 

@@ -52,7 +52,7 @@ async def agent_run(base_url: str, records: Path, worked_examples: bool, seed: i
     import httpx
     from langchain_openai import ChatOpenAI
 
-    from journeyman.backend.demo import build_agent, make_scenarios, rollout
+    from journeyman.backend.app.calculator import build_agent, make_scenarios, rollout
 
     before = _read(records)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as http:
@@ -87,7 +87,7 @@ def hf_replay(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from journeyman.backend.trainer import bf16_supported
+    from journeyman.backend.training.trainer import bf16_supported
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

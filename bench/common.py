@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.models import prepare_model
-from journeyman.backend.router import Router
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -74,7 +74,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def machine() -> str:
     """The machine a table was measured on, with the CPU model and whether it computes in bf16:
     the same 2-core label has meant hosts whose bf16 matmuls differ 1000-fold."""
-    from journeyman.backend.vllm import cpu_has_bf16
+    from journeyman.backend.serving.vllm import cpu_has_bf16
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):

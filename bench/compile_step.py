@@ -18,7 +18,7 @@ import torch
 import journeyman as jm
 from bench.common import machine, table
 from bench.train_throughput import COMPLETION, PROMPT, matmul_peak, step_seconds
-from journeyman.backend.trainer import Trainer
+from journeyman.backend.training.trainer import Trainer
 
 
 def measure(mode: str, steps: int, threads: int = 2, sequences: int = 8) -> tuple[str, ...]:

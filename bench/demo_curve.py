@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, table
-from journeyman.backend.demo import DemoConfig, run_demo
+from journeyman.backend.app.demo import DemoConfig, run_demo
 from journeyman.store import ModelStore
 
 PNG = Path(__file__).with_name("demo_curve.png")

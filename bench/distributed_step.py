@@ -24,7 +24,7 @@ from bench.common import machine, table
 def worker(out: Path, mode: str, threads: int, sequences: int, steps: int) -> None:
     import journeyman as jm
     from bench.train_throughput import groups
-    from journeyman.backend.distributed import DataParallelTrainer
+    from journeyman.backend.training.distributed import DataParallelTrainer
     from journeyman.config import TrainConfig
 
     rank = int(os.environ.get("RANK", "0"))

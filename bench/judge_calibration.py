@@ -51,7 +51,7 @@ async def collect(questions: int, seed: int) -> list[jm.TrajectoryGroup]:
     import httpx
     from langchain_openai import ChatOpenAI
 
-    from journeyman.backend.demo import build_agent, make_scenarios, rollout
+    from journeyman.backend.app.calculator import build_agent, make_scenarios, rollout
 
     with serving_stack(served_name="base", model="smollm2-135m", merge_adapters=True) as stack:
         async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as http:
@@ -79,7 +79,7 @@ async def calibrate(
     reports: Path | None = None,
 ) -> None:
     from journeyman.backend import LocalBackend
-    from journeyman.backend.demo import DEMO_RUBRICS
+    from journeyman.backend.app.calculator import DEMO_RUBRICS
 
     with tempfile.TemporaryDirectory(prefix="journeyman-judge-") as tmp:
         async with LocalBackend(root=tmp) as backend:

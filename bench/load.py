@@ -1,7 +1,7 @@
 """Load: 64 concurrent rollouts through the gateway against the real vLLM server.
 
 Two rounds of 64 concurrent two-call rollouts: plain ``AsyncOpenAI`` (two chat turns, the
-second continuing the first) and a LangGraph ReAct agent (``create_react_agent``, ``ChatOpenAI``,
+second continuing the first) and a LangGraph ReAct agent (``create_agent``, ``ChatOpenAI``,
 ``TrajectoryTracer``). Each rollout has its own rollout id and a nonce in its prompt. After each
 round every completion a client received must have exactly one record, filed under its own
 rollout, holding its own nonce and the text the client got; the script fails otherwise. Reports
@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +21,7 @@ import httpx
 import openai
 
 from bench.common import Stack, machine, percentile, serving_stack, table
-from journeyman.backend.gateway import ROLLOUT_HEADER
-
-warnings.filterwarnings("ignore", message="create_react_agent has been moved")
+from journeyman.backend.serving.gateway import ROLLOUT_HEADER
 
 
 @dataclass
@@ -51,9 +48,9 @@ async def plain_rollout(client: openai.AsyncOpenAI, rollout: Rollout, tokens: in
 
 
 def make_agent(base_url: str, tokens: int) -> Any:
+    from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
 
     @tool
     def add(a: int, b: int) -> int:
@@ -63,7 +60,7 @@ def make_agent(base_url: str, tokens: int) -> Any:
     llm = ChatOpenAI(
         model="base", base_url=base_url, api_key="-", max_retries=0, max_tokens=tokens, temperature=1.0
     )
-    return create_react_agent(llm, [add])
+    return create_agent(llm, [add])
 
 
 async def graph_rollout(agent: Any, rollout: Rollout, records: Any) -> None:

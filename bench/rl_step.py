@@ -53,7 +53,7 @@ async def ours() -> dict[str, object]:
 
     import journeyman as jm
     from bench.common import serving_stack
-    from journeyman.backend.trainer import Trainer
+    from journeyman.backend.training.trainer import Trainer
     from journeyman.config import LoRAConfig, TrainConfig
 
     # Same as TRL's defaults: DAPO loss, gradient checkpointing on (unless CHECKPOINTING=0).
@@ -121,7 +121,7 @@ def trl() -> dict[str, object]:
     from trl import GRPOConfig, GRPOTrainer
 
     from journeyman.backend.models import prepare_model
-    from journeyman.backend.trainer import bf16_supported
+    from journeyman.backend.training.trainer import bf16_supported
 
     torch.set_num_threads(2)
     model_dir = prepare_model(MODEL)

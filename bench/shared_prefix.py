@@ -15,7 +15,7 @@ import torch
 
 import journeyman as jm
 from bench.common import machine, table
-from journeyman.backend.trainer import Trainer
+from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
 
 SHAPES = [(40, 64), (400, 40), (1000, 60)]

@@ -48,7 +48,7 @@ def demo_shaped_groups(seed: int = 0) -> list[jm.TrajectoryGroup]:
 
 
 async def measure(steps: int = 3) -> list[tuple[float, float]]:
-    from journeyman.backend.trainer import Trainer
+    from journeyman.backend.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as folder:
         trainer = Trainer("smollm2-135m", jm.ModelStore("bench", "memory", root=folder))

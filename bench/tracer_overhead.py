@@ -4,7 +4,7 @@ Two set-ups, each alternating traced and untraced runs so both see the same mach
 
 1. an in-process scripted chat model (no network): what the callbacks and the trajectory
    building cost per LLM call, with nothing else to hide behind;
-2. a ReAct agent (``create_react_agent``, ``ChatOpenAI``) calling the real gateway in front of
+2. a ReAct agent (``create_agent``, ``ChatOpenAI``) calling the real gateway in front of
    a scripted OpenAI-compatible model: per run, including the record lookups (the RecordLog
    given, the gateway found in process by its URL, and over HTTP from a gateway the tracer
    cannot find in process).
@@ -18,26 +18,23 @@ import argparse
 import statistics
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import create_react_agent
 
 from bench.common import machine, table
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from journeyman.integrations.langgraph import TrajectoryTracer
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
-
-warnings.filterwarnings("ignore", message="create_react_agent has been moved")
 
 
 @tool
@@ -118,7 +115,7 @@ def measure(runs: int, calls: int) -> str:
         server = ScriptedServer(upstream.base_url, log_dir=Path(tmp))
         with GatewayThread(Gateway(Router(server), records)) as gateway:
             llm = ChatOpenAI(model="m", base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
-            react = runner(create_react_agent(llm, [add]), question)
+            react = runner(create_agent(llm, [add]), question)
             plain, traced = alternate(react, lambda: TrajectoryTracer(records), runs)
             rows.append(
                 row("ReAct agent via the gateway, its RecordLog given (2 LLM calls)", plain, traced, 2)
@@ -132,7 +129,7 @@ def measure(runs: int, calls: int) -> str:
         http_log = RecordLog(Path(tmp) / "http.jsonl")
         http_gateway = serve(Gateway(Router(server), http_log).app)
         llm = ChatOpenAI(model="m", base_url=f"{http_gateway.base_url}/v1", api_key="-", max_retries=0)
-        react = runner(create_react_agent(llm, [add]), question)
+        react = runner(create_agent(llm, [add]), question)
         plain, traced = alternate(react, TrajectoryTracer, runs)
         rows.append(row("ReAct agent via the gateway, records over HTTP (2 LLM calls)", plain, traced, 2))
         http_gateway.stop()

@@ -19,7 +19,7 @@ import torch
 
 import journeyman as jm
 from bench.common import machine, table
-from journeyman.backend.trainer import Trainer, bf16_supported
+from journeyman.backend.training.trainer import Trainer, bf16_supported
 from journeyman.config import TrainConfig
 
 PROMPT, COMPLETION = 40, 64

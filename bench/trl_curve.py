@@ -34,7 +34,7 @@ def prompts(tokenizer: Any, model_dir: Path, scenarios: list[Any]) -> list[str]:
     """The demo agent's first prompt for each question, rendered by the served tool template."""
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    from journeyman.backend.demo import SYSTEM, TOOLS, WORKED_EXAMPLES
+    from journeyman.backend.app.calculator import SYSTEM, TOOLS, WORKED_EXAMPLES
     from journeyman.backend.models import TOOL_TEMPLATE
 
     shots: list[dict[str, Any]] = []
@@ -172,7 +172,7 @@ def main() -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from journeyman.backend.demo import make_scenarios
+    from journeyman.backend.app.calculator import make_scenarios
     from journeyman.backend.models import prepare_model
     from journeyman.store import ModelStore
 

@@ -4,7 +4,7 @@
 Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and their extras.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from journeyman.calibration import Calibration, GroupCalibration, calibrate_judge
 from journeyman.config import LoRAConfig, TrainConfig
@@ -21,7 +21,6 @@ from journeyman.errors import (
     RolloutError,
     ServerStartError,
     StorageError,
-    UpstreamError,
 )
 from journeyman.gather import gather_trajectory_groups, retry
 from journeyman.judge import Judge
@@ -55,18 +54,15 @@ from journeyman.ruler import (
 from journeyman.store import ModelStore
 from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
 
-if TYPE_CHECKING:
-    from journeyman.integrations.trainable import trainable
-
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: @jm.trainable lives with the other integrations.
+    # @jm.trainable lives with the other integrations; core finds it by its entry point (plugins).
     if name == "trainable":
-        from journeyman.integrations.trainable import trainable
+        from journeyman.plugins import EXPORTS, load
 
-        return trainable
+        return load(EXPORTS, name)
     raise AttributeError(f"module 'journeyman' has no attribute {name!r}")
 
 
@@ -116,7 +112,6 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
-    "UpstreamError",
     "UserMessage",
     "__version__",
     "calibrate_judge",

@@ -7,16 +7,21 @@ wins and nothing is mutated after construction.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["LoRAConfig", "TrainConfig"]
+from journeyman.errors import ConfigError
+
+__all__ = ["CLIP_DEFAULTS", "LoRAConfig", "LossType", "Scale", "TrainConfig"]
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"]
 
-_EPSILON = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.2, "gspo": 3e-4, "cispo": 0.2}
-_EPSILON_HIGH = {"grpo": 0.2, "dr_grpo": 0.2, "dapo": 0.28, "gspo": 4e-4, "cispo": 5.0}
+CLIP_DEFAULTS: dict[str, tuple[float, float]] = {
+    "grpo": (0.2, 0.2), "dr_grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "gspo": (3e-4, 4e-4), "cispo": (0.2, 5.0),
+}  # fmt: skip
+"""Each loss's default clip range (epsilon, epsilon_high), from its paper. A new loss adds its name
+to ``LossType``, a line here and its entry in ``journeyman.backend.training.loss.LOSSES``."""
 
 
 Scale = Literal["group", "batch", "none"]
@@ -24,7 +29,7 @@ Scale = Literal["group", "batch", "none"]
 
 
 class TrainConfig(BaseModel):
-    """One training step's settings. See :mod:`journeyman.backend.loss` for the formulas."""
+    """One training step's settings. See :mod:`journeyman.backend.training.loss` for the formulas."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -58,13 +63,21 @@ class TrainConfig(BaseModel):
     """Trained positions whose vocabulary logits are computed at once (bounds logit memory)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Compute dtype: bf16 where the CPU or GPU supports it ("auto"), else fp32. LoRA weights stay fp32."""
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_precision(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "precision" in data:
+            raise ConfigError(
+                "TrainConfig has no precision: the model's dtype is chosen once, when the trainer loads it "
+                "(bf16 where the CPU or GPU supports it, else fp32; Trainer(precision=...) overrides it)"
+            )
+        return data
 
     @property
     def effective_epsilon(self) -> float:
-        return self.epsilon if self.epsilon is not None else _EPSILON[self.loss]
+        return self.epsilon if self.epsilon is not None else CLIP_DEFAULTS[self.loss][0]
 
     @property
     def effective_epsilon_high(self) -> float:
@@ -73,7 +86,7 @@ class TrainConfig(BaseModel):
         return (
             self.epsilon
             if self.epsilon is not None and self.loss in ("grpo", "dr_grpo")
-            else _EPSILON_HIGH[self.loss]
+            else CLIP_DEFAULTS[self.loss][1]
         )
 
     @property

@@ -12,9 +12,10 @@ catches them all. Messages say what is wrong, why, and what to do about it::
     ├── BackendError                serving or training infrastructure failed
     │   ├── ServerStartError        a server process did not become healthy (quotes its log)
     │   ├── AdapterError            a LoRA adapter could not be deployed or removed
-    │   └── UpstreamError           the inference server behind the gateway failed or timed out
+    │   └── ModelUnavailableError   a model name is known but its weights are not served
     ├── RolloutError                user code (agent, tool, reward function) raised inside a rollout
     └── JudgeError                  an LLM judge could not produce valid scores after its retries
+        └── JudgeCallError          one judge call failed in a way a later call may not (retried)
 
 Plain ``ValueError``/``TypeError`` from pydantic are wrapped into :class:`InvalidDataError` at the
 public entry points, keeping pydantic's field paths in the message.
@@ -28,13 +29,14 @@ __all__ = [
     "ConfigError",
     "InvalidDataError",
     "JourneymanError",
+    "JudgeCallError",
     "JudgeError",
     "MissingDependencyError",
     "ModelPreparationError",
+    "ModelUnavailableError",
     "RolloutError",
     "ServerStartError",
     "StorageError",
-    "UpstreamError",
 ]
 
 
@@ -83,8 +85,9 @@ class AdapterError(BackendError):
     """A LoRA adapter could not be deployed to, or removed from, the inference server."""
 
 
-class UpstreamError(BackendError):
-    """The inference server behind the gateway failed, refused or timed out."""
+class ModelUnavailableError(BackendError):
+    """A model name is known but its weights are not served (a merged server serves one model's
+    weights at a time: see ``Router.unavailable``)."""
 
 
 class RolloutError(JourneymanError):
@@ -93,3 +96,7 @@ class RolloutError(JourneymanError):
 
 class JudgeError(JourneymanError):
     """An LLM judge did not produce valid scores after its retries."""
+
+
+class JudgeCallError(JudgeError):
+    """One judge call failed in a way that a later call may not (timeout, 5xx, lost connection)."""

@@ -9,14 +9,14 @@
 
 A rollout that raises is not lost and does not stop the batch: its exception is recorded on its
 group (type, message, traceback) and counted. Only when more rollouts fail than
-``max_exceptions`` allows (a count, or a fraction of all rollouts when below 1) does the gather
-stop, raising :class:`~journeyman.errors.RolloutError` that names the failures.
+``max_exceptions`` allows (an int counts rollouts, a float is a share of all of them: 1.0 lets
+every one fail) does the gather stop, raising :class:`~journeyman.errors.RolloutError` that
+names the failures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, overload
 
-from journeyman.errors import InvalidDataError, RolloutError
-from journeyman.trajectory import Trajectory, TrajectoryGroup
+from journeyman import plugins
+from journeyman.errors import ConfigError, InvalidDataError, RolloutError
+from journeyman.trajectory import Trajectory, TrajectoryGroup, first_error, rollout_observer
 
 __all__ = ["gather_trajectory_groups", "retry"]
 
@@ -38,10 +39,11 @@ AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | list[Traject
 
 @dataclass
 class _Gather:
-    """Shared by the groups of one gather: counts and the progress display."""
+    """Shared by the groups of one gather: counts and the progress display. The groups report
+    each rollout to it (it is their :class:`~journeyman.trajectory.RolloutObserver`)."""
 
     total: int
-    limit: float
+    limit: int | float
     finished: int = 0
     failed: int = 0
     rewards: list[float] = field(default_factory=list)
@@ -49,63 +51,26 @@ class _Gather:
     task: Any = None
 
     def allowed(self) -> int:
-        return int(self.limit * self.total) if 0 < self.limit < 1 else int(self.limit)
+        return int(self.limit * self.total) if isinstance(self.limit, float) else self.limit
 
     def update(self) -> None:
         if self.progress is not None:
             reward = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
             self.progress.update(self.task, completed=self.finished, reward=reward, failed=self.failed)
 
-
-_current: contextvars.ContextVar[_Gather | None] = contextvars.ContextVar("journeyman_gather", default=None)
-
-
-async def collect_group(group: TrajectoryGroup, pending: list[Awaitable[Any]]) -> TrajectoryGroup:
-    """Await a group's rollouts, keeping each result or recording its failure."""
-    gather = _current.get()
-
-    async def one(awaitable: Awaitable[Any]) -> None:
-        try:
-            result = await awaitable
-            if not isinstance(result, Trajectory):
-                raise InvalidDataError(f"a rollout returned {type(result).__name__}, not a Trajectory")
-            group.trajectories.append(result)
-            if gather is not None and result.reward is not None:
-                gather.rewards.append(result.reward)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            group.record_failure(error, stage="rollout")
-            logger.warning("a rollout failed: %s: %s", type(error).__name__, error)
-            if gather is not None:
-                gather.failed += 1
-                if gather.failed > gather.allowed():
-                    raise RolloutError(
-                        f"{gather.failed} rollouts failed, more than max_exceptions allows "
-                        f"({gather.allowed()} of {gather.total}); last: {type(error).__name__}: {error}. "
-                        "Raise max_exceptions to carry on past failures (they stay recorded on their groups)."
-                    ) from error
-        finally:
-            if gather is not None:
-                gather.finished += 1
-                gather.update()
-
-    try:
-        async with asyncio.TaskGroup() as tasks:
-            for awaitable in pending:
-                tasks.create_task(one(awaitable))
-    except* RolloutError as errors:
-        raise _first(errors) from None
-    return group
-
-
-def _first(errors: BaseExceptionGroup[RolloutError]) -> RolloutError:
-    """The first leaf of a (possibly nested) exception group."""
-    first: BaseException = errors
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, RolloutError)
-    return first
+    def rollout_finished(self, trajectory: Trajectory | None, error: Exception | None) -> None:
+        self.finished += 1
+        if trajectory is not None and trajectory.reward is not None:
+            self.rewards.append(trajectory.reward)
+        if error is not None:
+            self.failed += 1
+        self.update()
+        if error is not None and self.failed > self.allowed():
+            raise RolloutError(
+                f"{self.failed} rollouts failed, more than max_exceptions allows "
+                f"({self.allowed()} of {self.total}); last: {type(error).__name__}: {error}. "
+                "Raise max_exceptions to carry on past failures (they stay recorded on their groups)."
+            ) from error
 
 
 async def gather_trajectory_groups(
@@ -128,12 +93,15 @@ async def gather_trajectory_groups(
     failure is recorded on the group (stage ``"export"``) and the gather goes on.
     """
     items = list(groups)
-    if max_exceptions < 0:
-        raise ValueError(f"max_exceptions must be >= 0, got {max_exceptions}")
-    exporter = langfuse_exporter(langfuse) if langfuse else None
+    if max_exceptions < 0 or (isinstance(max_exceptions, float) and max_exceptions > 1):
+        raise ConfigError(
+            f"max_exceptions must be a count (an int >= 0) or a share of the rollouts (a float from 0 to 1), "
+            f"got {max_exceptions!r}"
+        )
+    exporter = plugins.exporter("langfuse", langfuse) if langfuse else None
     total = sum(len(g._pending) if isinstance(g, TrajectoryGroup) else 1 for g in items)
     state = _Gather(total=total, limit=max_exceptions)
-    token = _current.set(state)
+    token = rollout_observer.set(state)
     display = _progress(description) if progress else None
     try:
         if display is not None:
@@ -151,7 +119,7 @@ async def gather_trajectory_groups(
                 )
             finished = await _after(group)
             if exporter is not None:
-                await export_groups(exporter, finished)
+                await plugins.export_groups(exporter, finished)
             return finished
 
         async def _after(group: TrajectoryGroup) -> list[TrajectoryGroup]:
@@ -169,25 +137,12 @@ async def gather_trajectory_groups(
         async with asyncio.TaskGroup() as tasks:
             running = [tasks.create_task(run(item)) for item in items]
     except* RolloutError as errors:
-        raise _first(errors) from None
+        raise first_error(errors) from None
     finally:
-        _current.reset(token)
+        rollout_observer.reset(token)
         if display is not None:
             display.stop()
     return [group for task in running for group in task.result()]
-
-
-def langfuse_exporter(target: Any, **labels: Any) -> Any:
-    """The Langfuse exporter behind ``langfuse=`` (True, a Langfuse client, or an exporter)."""
-    from journeyman.integrations.langfuse import exporter_for  # lazy: `import journeyman` stays light
-
-    return exporter_for(target, **labels)
-
-
-async def export_groups(exporter: Any, groups: Iterable[TrajectoryGroup], *, step: int | None = None) -> None:
-    """Export groups off the event loop; failures end up on the groups, never raised."""
-    for group in groups:
-        await asyncio.to_thread(exporter.export_group, group, step=step)
 
 
 def _progress(description: str) -> Any:

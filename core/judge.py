@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from journeyman.errors import ConfigError, JudgeError
+from journeyman.errors import ConfigError, JudgeCallError, JudgeError
 from journeyman.store import default_root
 
 if TYPE_CHECKING:
@@ -32,10 +32,6 @@ __all__ = ["Judge", "JudgeCallError"]
 logger = logging.getLogger(__name__)
 
 _RETRIED_STATUS = {408, 409, 429}
-
-
-class JudgeCallError(JudgeError):
-    """One judge call failed in a way that a later call may not (timeout, 5xx, lost connection)."""
 
 
 class Judge:

@@ -33,6 +33,7 @@ __all__ = [
     "Item",
     "Message",
     "ModelTurn",
+    "StreamedReply",
     "SystemMessage",
     "Tool",
     "ToolCall",
@@ -265,3 +266,39 @@ AnyMessage: TypeAlias = SystemMessage | UserMessage | AssistantMessage | ToolMes
 def item_message(item: AnyMessage | ModelTurn) -> AnyMessage:
     """The chat message of a conversation entry (a model turn's assistant message)."""
     return item.message if isinstance(item, ModelTurn) else item
+
+
+class StreamedReply:
+    """One choice of a streamed chat completion, put back together from its deltas (OpenAI format:
+    ``{"content": ..., "tool_calls": [{"index", "id", "function": {"name", "arguments"}}]}``)."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, delta: dict[str, Any]) -> None:
+        if delta.get("content"):
+            self._text.append(delta["content"])
+        for call in delta.get("tool_calls") or []:
+            slot = self._calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": []})
+            slot["id"] = call.get("id") or slot["id"]
+            function = call.get("function") or {}
+            slot["name"] = function.get("name") or slot["name"]
+            if function.get("arguments"):
+                slot["arguments"].append(function["arguments"])
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls so far, in OpenAI format, by index."""
+        return [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": "".join(c["arguments"])},
+            }
+            for _, c in sorted(self._calls.items())
+        ]

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from journeyman import plugins
 from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.errors import ConfigError
 from journeyman.store import ModelStore, validate_name
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, OpenAI
 
 __all__ = ["Backend", "Model", "Registration", "TrainResult", "TrainableModel"]
 
@@ -96,28 +97,38 @@ class Model(BaseModel):
 
     def openai_client(self) -> AsyncOpenAI:
         """An ``AsyncOpenAI`` client for this model's endpoint (made once, then reused)."""
+        if self._client is None:
+            self._client = self._new_client(sync=False)
+        client: AsyncOpenAI = self._client
+        return client
+
+    def sync_openai_client(self) -> OpenAI:
+        """A new sync ``OpenAI`` client for this model's endpoint (for agents that are not async)."""
+        client: OpenAI = self._new_client(sync=True)
+        return client
+
+    def _new_client(self, *, sync: bool) -> Any:
         if self.inference_base_url is None:
             raise ConfigError(
                 f"model {self.name!r} has no inference_base_url: give one, or register a TrainableModel with a backend"
             )
-        if self._client is None:
-            import httpx
-            from openai import AsyncOpenAI
+        import httpx
+        import openai
 
-            # An explicit httpx client: the SDK's default one closes itself from __del__ when
-            # dropped unclosed, and that late close can unregister sockets whose descriptor
-            # numbers were already reused, losing live responses (openai-python #2440).
-            self._client = AsyncOpenAI(
-                base_url=self.inference_base_url,
-                api_key=self.inference_api_key or "unused",
-                timeout=1200,
-                max_retries=2,
-                http_client=httpx.AsyncClient(
-                    timeout=1200, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-                ),
-            )
-        client: AsyncOpenAI = self._client
-        return client
+        # An explicit httpx client: the SDK's default one closes itself from __del__ when dropped
+        # unclosed, and that late close can unregister sockets whose descriptor numbers were
+        # already reused, losing live responses (openai-python #2440).
+        if sync:
+            return openai.OpenAI(
+                base_url=self.inference_base_url, api_key=self.inference_api_key or "unused", timeout=1200,
+                max_retries=2, http_client=httpx.Client(timeout=1200),
+            )  # fmt: skip
+        return openai.AsyncOpenAI(
+            base_url=self.inference_base_url, api_key=self.inference_api_key or "unused", timeout=1200,
+            max_retries=2, http_client=httpx.AsyncClient(
+                timeout=1200, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+            ),
+        )  # fmt: skip
 
     async def get_step(self) -> int:
         return 0
@@ -125,10 +136,8 @@ class Model(BaseModel):
     async def _export(
         self, groups: Sequence[TrajectoryGroup], langfuse: Any, *, split: str, step: int
     ) -> None:
-        from journeyman.gather import export_groups, langfuse_exporter  # lazy: langfuse is an extra
-
-        exporter = langfuse_exporter(langfuse, project=self.project, model=self.name, split=split)
-        await export_groups(exporter, groups, step=step)
+        exporter = plugins.exporter("langfuse", langfuse, project=self.project, model=self.name, split=split)
+        await plugins.export_groups(exporter, groups, step=step)
 
     async def log(
         self,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from journeyman.messages import AssistantMessage, ModelTurn, ToolCall
 
 __all__ = [
+    "ROLLOUT_HEADER",
     "TOOL_CALL_FORMS",
     "ChoiceRecord",
     "CompletionRecord",
@@ -27,6 +28,10 @@ __all__ = [
     "register_in_process",
     "unregister_in_process",
 ]
+
+ROLLOUT_HEADER = "x-journeyman-rollout-id"
+"""The request header that tags a completion with its rollout; the gateway groups its records by it
+(the same as calling the per-rollout base URL ``{gateway}/r/{rollout_id}/v1``)."""
 
 SAMPLING_KEYS = (
     "temperature",

@@ -33,7 +33,18 @@ from typing import Any
 from journeyman.errors import ConfigError, InvalidDataError, StorageError
 from journeyman.trajectory import TrajectoryGroup, load_group
 
-__all__ = ["ModelStore", "atomic_dir", "atomic_write", "check_writable", "default_root", "validate_name"]
+__all__ = [
+    "CHECKPOINT_STATE",
+    "ModelStore",
+    "atomic_dir",
+    "atomic_write",
+    "check_writable",
+    "default_root",
+    "validate_name",
+]
+
+CHECKPOINT_STATE = "trainer_state.json"
+"""The trainer's state in a checkpoint folder (step, metrics, config), beside the adapter."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

@@ -20,7 +20,10 @@ Both round-trip exactly through JSON::
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import inspect
+import logging
 import math
 import statistics
 import time
@@ -29,28 +32,54 @@ import uuid
 from collections.abc import Awaitable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
-from journeyman.errors import InvalidDataError
+from journeyman.errors import InvalidDataError, RolloutError
 from journeyman.messages import AnyMessage, Item, ModelTurn, Tool, item_message
 
 __all__ = [
     "Failure",
     "History",
     "JsonScalar",
+    "RolloutObserver",
     "Trajectory",
     "TrajectoryGroup",
+    "first_error",
     "format_validation_error",
     "load_group",
     "load_trajectory",
+    "rollout_observer",
 ]
+
+logger = logging.getLogger("journeyman.gather")  # rollouts are run (and fail) inside a gather
 
 JsonScalar: TypeAlias = str | int | float | bool | None
 """A metadata value: anything JSON can hold that is not a container."""
 
 _items: TypeAdapter[Item] = TypeAdapter(Item)
+
+
+class RolloutObserver(Protocol):
+    """Told of each rollout a group finishes awaiting (``gather_trajectory_groups`` counts them and
+    shows progress). It may raise :class:`RolloutError` to stop the gather."""
+
+    def rollout_finished(self, trajectory: Trajectory | None, error: Exception | None) -> None: ...
+
+
+rollout_observer: contextvars.ContextVar[RolloutObserver | None] = contextvars.ContextVar(
+    "journeyman_rollout_observer", default=None
+)
+
+
+def first_error(errors: BaseExceptionGroup[RolloutError]) -> RolloutError:
+    """The first leaf of a (possibly nested) exception group."""
+    first: BaseException = errors
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, RolloutError)
+    return first
 
 
 def _new_id() -> str:
@@ -229,10 +258,35 @@ class TrajectoryGroup(_Record):
 
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
         """Run the rollouts given as coroutines; failures are recorded on the group."""
-        from journeyman.gather import collect_group
-
         pending, self._pending = self._pending, []
-        return collect_group(self, pending).__await__()
+        return self._collect(pending).__await__()
+
+    async def _collect(self, pending: list[Awaitable[Any]]) -> TrajectoryGroup:
+        observer = rollout_observer.get()
+
+        async def one(awaitable: Awaitable[Any]) -> None:
+            result, failure = None, None
+            try:
+                result = await awaitable
+                if not isinstance(result, Trajectory):
+                    raise InvalidDataError(f"a rollout returned {type(result).__name__}, not a Trajectory")
+                self.trajectories.append(result)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                result, failure = None, error
+                self.record_failure(error, stage="rollout")
+                logger.warning("a rollout failed: %s: %s", type(error).__name__, error)
+            if observer is not None:
+                observer.rollout_finished(result, failure)
+
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for awaitable in pending:
+                    tasks.create_task(one(awaitable))
+        except* RolloutError as errors:
+            raise first_error(errors) from None
+        return self
 
     def __len__(self) -> int:
         return len(self.trajectories)

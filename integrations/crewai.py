@@ -21,7 +21,6 @@ several crews run at once. Run CrewAI offline with ``CREWAI_DISABLE_TELEMETRY=tr
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -30,15 +29,7 @@ from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.messages import AssistantMessage
 from journeyman.trajectory import Trajectory
 
-from ._capture import (
-    Call,
-    RecordSource,
-    ToolRun,
-    build_trajectory,
-    gateway_records,
-    join_each,
-    logger,
-)
+from .capture import Call, RecordSource, ToolRun, Tracer, logger
 
 try:
     from crewai.events import (
@@ -58,7 +49,7 @@ __all__ = ["CrewTracer"]
 _MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
 
 
-class CrewTracer:
+class CrewTracer(Tracer):
     """Records a crew's LLM calls and tool runs while the ``with`` block runs.
 
     ``records``: the gateway's ``RecordLog``, a gateway URL, or None to ask the gateway each LLM
@@ -74,16 +65,11 @@ class CrewTracer:
         raise_error: bool = False,
         flush_timeout: float = 30.0,
     ) -> None:
-        self.raise_error = raise_error
-        self.errors = 0
-        """Failures inside the tracer's handlers (logged and counted, never raised into the crew)."""
-        self._records = records
-        self._api_key = api_key
+        super().__init__(records, api_key=api_key, raise_error=raise_error)
         self._agents = {str(agent.id) for agent in crew.agents} if crew is not None else None
         self._flush_timeout = flush_timeout
         self._calls: dict[str, Call] = {}
         self._tools: dict[str, ToolRun] = {}
-        self._lock = threading.Lock()
         self._trajectory: Trajectory | None = None
         self._handlers: list[tuple[type[Any], Callable[[Any, Any], None]]] = [
             (LLMCallStartedEvent, self._on_llm_started),
@@ -116,28 +102,11 @@ class CrewTracer:
             for event_type, handler in self._handlers:
                 crewai_event_bus.off(event_type, handler)
         try:
-            self._trajectory = self._build(error)
+            self._trajectory = self.finish(
+                Trajectory(), self._calls.values(), self._tools.values(), error=error, raised_by="the crew"
+            )
         except Exception as failure:
-            self.errors += 1
-            logger.warning("CrewTracer could not build the trajectory: %r", failure, exc_info=True)
-            if self.raise_error:
-                raise
-
-    def _build(self, error: BaseException | None) -> Trajectory:
-        trajectory = Trajectory()
-        if error is not None:
-            trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
-            trajectory.log(f"the crew raised {type(error).__name__}: {error}")
-        calls = list(self._calls.values())
-        failed = join_each(calls, self._source)
-        if failed:
-            trajectory.metrics["record_lookup_errors"] = failed
-        build_trajectory(calls, self._tools.values(), trajectory=trajectory)
-        return trajectory.finish()
-
-    def _source(self, call: Call) -> RecordSource | None:
-        records = self._records if self._records is not None else call.endpoint
-        return gateway_records(records, self._api_key) if isinstance(records, str) else records
+            self.failed("building the trajectory", failure)
 
     # Handlers (run on CrewAI's thread pool) ------------------------------------------------------
 
@@ -148,11 +117,7 @@ class CrewTracer:
             with self._lock:
                 handle(event, source)
         except Exception as error:
-            with self._lock:
-                self.errors += 1
-            logger.warning("CrewTracer failed on %s: %r", type(event).__name__, error, exc_info=True)
-            if self.raise_error:
-                raise
+            self.failed(f"handling {type(event).__name__}", error)
 
     def _on_llm_started(self, source: Any, event: LLMCallStartedEvent) -> None:
         def handle(event: LLMCallStartedEvent, source: Any) -> None:

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -69,7 +70,9 @@ logger = logging.getLogger(__name__)
 
 _OBSERVATION_FIELDS = "core,basic,time,io,metadata,model,usage,trace_context"
 _CHECK_SECONDS = 30.0
-_checked: dict[int, tuple[float, str | None]] = {}
+_checked: weakref.WeakKeyDictionary[Langfuse, tuple[float, str | None]] = weakref.WeakKeyDictionary()
+"""Each client's last connection check (time, problem), forgotten with the client: keyed by id(),
+a new client made where a dropped one lived would inherit its answer."""
 
 
 def trace_id(trajectory_id: str) -> str:
@@ -350,14 +353,14 @@ def default_client() -> Langfuse:
 
 def _connection_problem(client: Langfuse) -> str | None:
     now = time.monotonic()
-    cached = _checked.get(id(client))
+    cached = _checked.get(client)
     if cached is not None and now - cached[0] < _CHECK_SECONDS:
         return cached[1]
     try:
         problem = None if client.auth_check() else "the client is disabled (no public key?)"
     except Exception as error:
         problem = f"{type(error).__name__}: {error}"
-    _checked[id(client)] = (now, problem)
+    _checked[client] = (now, problem)
     return problem
 
 

@@ -27,7 +27,6 @@ are logged and counted in :attr:`TrajectoryTracer.errors` (``raise_error=True`` 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -36,15 +35,7 @@ from uuid import UUID
 from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.trajectory import Trajectory
 
-from ._capture import (
-    Call,
-    RecordSource,
-    ToolRun,
-    build_trajectory,
-    gateway_records,
-    join_each,
-    logger,
-)
+from .capture import Call, RecordSource, ToolRun, Tracer
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -68,11 +59,7 @@ def _guarded(method: F) -> F:
         try:
             method(self, *args, **kwargs)
         except Exception as error:
-            with self._lock:
-                self.errors += 1
-            logger.warning("TrajectoryTracer.%s failed: %r", method.__name__, error, exc_info=True)
-            if self.raise_error:
-                raise
+            self.failed(method.__name__, error)
 
     return cast(F, wrapper)
 
@@ -95,7 +82,7 @@ class _Run:
     tools: dict[UUID, ToolRun] = field(default_factory=dict)
 
 
-class TrajectoryTracer(BaseCallbackHandler):
+class TrajectoryTracer(Tracer, BaseCallbackHandler):
     """A LangChain callback handler that turns each root run into a :class:`~journeyman.Trajectory`.
 
     ``records`` is where completion records are read: the gateway's ``RecordLog`` (in process),
@@ -113,18 +100,12 @@ class TrajectoryTracer(BaseCallbackHandler):
         api_key: str | None = None,
         raise_error: bool = False,
     ) -> None:
-        super().__init__()
-        self.raise_error = raise_error
-        self.errors = 0
-        """Failures inside the tracer itself (logged, never raised into the agent by default)."""
+        super().__init__(records, api_key=api_key, raise_error=raise_error)
         self.trajectories: list[Trajectory] = []
         """Finished trajectories, in the order their runs ended."""
-        self._records = records
-        self._api_key = api_key
         self._by_run: dict[UUID, Trajectory] = {}
         self._active: dict[UUID, _Run] = {}
         self._root_of: dict[UUID, UUID] = {}
-        self._lock = threading.Lock()
 
     # Results ------------------------------------------------------------------------------------
 
@@ -184,23 +165,10 @@ class TrajectoryTracer(BaseCallbackHandler):
             del self._active[run_id]
             for child in run.runs:
                 self._root_of.pop(child, None)
-        trajectory = run.trajectory
-        if error is not None:
-            trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
-            trajectory.log(f"the run raised {type(error).__name__}: {error}")
-        calls = list(run.calls.values())
-        failed = join_each(calls, self._source)
-        if failed:
-            trajectory.metrics["record_lookup_errors"] = failed
-        build_trajectory(calls, run.tools.values(), trajectory=trajectory)
-        trajectory.finish()
+        trajectory = self.finish(run.trajectory, run.calls.values(), run.tools.values(), error=error)
         with self._lock:
             self.trajectories.append(trajectory)
             self._by_run[run_id] = trajectory
-
-    def _source(self, call: Call) -> RecordSource | None:
-        records = self._records if self._records is not None else call.endpoint
-        return gateway_records(records, self._api_key) if isinstance(records, str) else records
 
     # Chains (graph, nodes) ----------------------------------------------------------------------
 

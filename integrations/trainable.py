@@ -30,17 +30,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import httpx
-
 from journeyman.errors import ConfigError
+from journeyman.messages import StreamedReply
 from journeyman.model import Model, TrainableModel
+from journeyman.records import ROLLOUT_HEADER
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
-from ._capture import Call, RecordSource, build_trajectory, gateway_records, join_records
+from .capture import Call, RecordSource, fill_trajectory, gateway_records
 
 __all__ = ["Trainable", "trainable"]
 
-ROLLOUT_HEADER = "x-journeyman-rollout-id"  # the gateway's header (journeyman.backend.gateway)
 
 Scenario = TypeVar("Scenario")
 RewardFn = Callable[[Any, Any], float | Awaitable[float]]
@@ -128,34 +127,18 @@ class _Assembler:
 
     def __init__(self, call: Call) -> None:
         self.call = call
-        self.text: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.reply = StreamedReply()
 
     def add(self, chunk: Any) -> None:
         self.call.completion_id = self.call.completion_id or getattr(chunk, "id", None)
         for choice in getattr(chunk, "choices", None) or []:
-            if choice.index != 0 or choice.delta is None:
-                continue
-            if choice.delta.content:
-                self.text.append(choice.delta.content)
-            for delta in choice.delta.tool_calls or []:
-                slot = self.calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
-                slot["id"] = delta.id or slot["id"]
-                if delta.function is not None:
-                    slot["name"] += delta.function.name or ""
-                    slot["arguments"] += delta.function.arguments or ""
+            if choice.index == 0 and choice.delta is not None:
+                self.reply.add(choice.delta.model_dump(exclude_none=True))
 
     def done(self) -> None:
-        reply: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
-        if self.calls:
-            reply["tool_calls"] = [
-                {
-                    "id": c["id"],
-                    "type": "function",
-                    "function": {"name": c["name"], "arguments": c["arguments"]},
-                }
-                for _, c in sorted(self.calls.items())
-            ]
+        reply: dict[str, Any] = {"role": "assistant", "content": self.reply.text or None}
+        if calls := self.reply.tool_calls:
+            reply["tool_calls"] = calls
         self.call.reply = reply
 
 
@@ -246,7 +229,7 @@ class Trainable(Generic[Scenario]):
         """The capturing client handed to the function (async, or sync for sync functions)."""
         if sync not in self._clients:
             if sync:
-                inner: Any = _sync_client(self.model)
+                inner: Any = self.model.sync_openai_client()
             else:
                 inner = self.model.openai_client()
             self._clients[sync] = CapturingClient(inner, self.model.inference_name, self.trainable)
@@ -299,8 +282,8 @@ class Trainable(Generic[Scenario]):
                     output = await asyncio.to_thread(self.function, scenario, *args, **kwargs)
         finally:
             _current.reset(token)
-        await asyncio.to_thread(_join, rollout.calls, self._source(), trajectory)
-        build_trajectory(rollout.calls, trajectory=trajectory)
+        source = self._source()
+        await asyncio.to_thread(fill_trajectory, trajectory, rollout.calls, (), lambda call: source)
         if isinstance(output, bool | int | float):
             trajectory.reward = float(output)
         if self.reward is not None:
@@ -317,33 +300,10 @@ class Trainable(Generic[Scenario]):
         return trajectory.finish()
 
 
-def _join(calls: list[Call], source: RecordSource | None, trajectory: Trajectory) -> None:
-    failed = join_records(calls, source)
-    if failed:
-        trajectory.metrics["record_lookup_errors"] = failed
-
-
 def _labels(scenario: Any) -> dict[str, Any]:
     if isinstance(scenario, dict) and isinstance(scenario.get("id"), str | int):
         return {"scenario_id": scenario["id"]}
     return {}
-
-
-def _sync_client(model: Model) -> Any:
-    """A sync ``OpenAI`` client for the model's endpoint, with its own long-lived httpx client."""
-    if model.inference_base_url is None:
-        raise ConfigError(
-            f"model {model.name!r} has no inference_base_url: give one, or register a TrainableModel with a backend"
-        )
-    from openai import OpenAI
-
-    return OpenAI(
-        base_url=model.inference_base_url,
-        api_key=model.inference_api_key or "unused",
-        timeout=1200,
-        max_retries=2,
-        http_client=httpx.Client(timeout=1200),
-    )
 
 
 def trainable(

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from journeyman.backend.gateway import GatewayThread
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 
 
 @dataclass
@@ -89,7 +89,7 @@ def serve(app: Starlette) -> GatewayThread:
 
 def gateway_to(server: VLLMServer, tmp_path: Path, **kwargs: Any) -> GatewayThread:
     """The real gateway in front of ``server``, recording to ``tmp_path/records.jsonl``, started."""
-    from journeyman.backend.gateway import Gateway, RecordLog
-    from journeyman.backend.router import Router
+    from journeyman.backend.serving.gateway import Gateway, RecordLog
+    from journeyman.backend.serving.router import Router
 
     return GatewayThread(Gateway(Router(server), RecordLog(tmp_path / "records.jsonl"), **kwargs)).start()

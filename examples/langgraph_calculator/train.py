@@ -3,8 +3,9 @@
     python examples/langgraph_calculator/train.py              # ~30 min on 2 cores
     python examples/langgraph_calculator/train.py --steps 1 --scenarios-per-step 2 --group-size 2 --val 2
 
-Copy it and swap in your own agent, scenarios and reward: the journeyman part is the tracer line
-in `rollout` and the loop in `main`.
+Copy it and swap in your own agent, scenarios and reward (here the demo's task, imported from
+journeyman.backend.app.calculator): the journeyman part is the tracer line in `rollout` and the
+loop in `main`.
 """
 
 from __future__ import annotations
@@ -12,111 +13,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import random
-import re
 import statistics
-import warnings
 
 import httpx
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.tools import tool
+from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.backend.app.calculator import Scenario, build_agent, make_scenarios, score
 from journeyman.integrations.langgraph import TrajectoryTracer
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # moved to langchain.agents.create_agent; same graph
-    from langgraph.prebuilt import create_react_agent
+# 1. The agent you already have, its scenarios and its check: the demo's calculator task
+#    (journeyman/backend/app/calculator.py): a ReAct graph with add, multiply and a distraction
+#    tool, four worked examples in its prompt, arithmetic questions, reward 1 for the right number.
 
 
-# 1. The agent you already have: tools, a prompt, a ReAct graph. ------------------------------
+# 2. The one journeyman line: the tracer captures every model call token-exact. ----------------
 
 
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers and return the sum."""
-    return a + b
-
-
-@tool
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers and return the product."""
-    return a * b
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The current weather in a city."""
-    return f"It is sunny and 21 degrees in {city}."
-
-
-def worked(question: str, name: str, a: int, b: int, result: int) -> list[AnyMessage]:
-    call = {"name": name, "args": {"a": a, "b": b}, "id": f"call_{a}_{b}", "type": "tool_call"}
-    return [
-        HumanMessage(question),
-        AIMessage("", tool_calls=[call]),
-        ToolMessage(str(result), tool_call_id=call["id"]),
-        AIMessage(f"The answer is {result}."),
-    ]
-
-
-# A 135M model calls tools only after seeing worked examples.
-PROMPT: list[AnyMessage] = [
-    SystemMessage("You are a calculator assistant. Always call a tool to compute, then state the answer."),
-    *worked("What is 12 times 7?", "multiply", 12, 7, 84),
-    *worked("Sam has 235 marbles and finds 148 more. How many marbles does Sam have?", "add", 235, 148, 383),
-    *worked("What is 35 plus 48?", "add", 35, 48, 83),
-    *worked("A crate holds 24 bottles. How many bottles are in 16 crates?", "multiply", 24, 16, 384),
-]
-
-
-def make_agent(llm: ChatOpenAI):  # type: ignore[no-untyped-def]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return create_react_agent(
-            llm, [add, multiply, get_weather], prompt=lambda s: [*PROMPT, *s["messages"]]
-        )
-
-
-# 2. Scenarios and a reward. ---------------------------------------------------------------------
-
-
-def questions(n: int, seed: int) -> list[tuple[str, int]]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if i % 2 == 0:
-            a, b = rng.randint(101, 999), rng.randint(101, 999)
-            text = rng.choice(
-                [
-                    f"What is {a} plus {b}?",
-                    f"A library had {a} books and received {b} new ones. How many books does it have?",
-                ]
-            )
-            out.append((text, a + b))
-        else:
-            a, b = rng.randint(12, 99), rng.randint(12, 99)
-            text = rng.choice(
-                [f"What is {a} times {b}?", f"A box holds {a} pencils. How many pencils are in {b} boxes?"]
-            )
-            out.append((text, a * b))
-    return out
-
-
-async def rollout(agent, question: str, answer: int) -> jm.Trajectory:  # type: ignore[no-untyped-def]
-    tracer = TrajectoryTracer()  # the one line: every model call captured token-exact
+async def rollout(agent, scenario: Scenario) -> jm.Trajectory:  # type: ignore[no-untyped-def]
+    tracer = TrajectoryTracer()
     config = {"callbacks": [tracer], "recursion_limit": 6}
     with contextlib.suppress(GraphRecursionError):  # it kept calling tools: scored as a wrong answer
-        await agent.ainvoke({"messages": [HumanMessage(question)]}, config=config)
-    trajectory = tracer.trajectory
-    last = trajectory.messages[-1]
-    final = str(last.content or "") if last.role == "assistant" else ""
-    numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", final)]
-    trajectory.reward = 1.0 if answer in numbers else 0.0
-    return trajectory
+        await agent.ainvoke({"messages": [HumanMessage(scenario.question)]}, config=config)
+    return score(tracer.trajectory, scenario)
 
 
 # 3. The training loop. -------------------------------------------------------------------------
@@ -135,12 +57,12 @@ async def main(args: argparse.Namespace) -> None:
             disable_streaming=True,  # one response per call: nothing to stream in a batch run
             http_async_client=http,
         )
-        agent = make_agent(llm)
-        train, val = questions(args.train, seed=0), questions(args.val, seed=1)
+        agent = build_agent(llm)
+        train, val = make_scenarios(args.train, seed=0), make_scenarios(args.val, seed=1)
 
         async def evaluate() -> float:
             groups = await jm.gather_trajectory_groups(
-                (jm.TrajectoryGroup(rollout(agent, q, a) for _ in range(args.val_samples)) for q, a in val),
+                (jm.TrajectoryGroup(rollout(agent, s) for _ in range(args.val_samples)) for s in val),
                 description="eval",
             )
             await model.log(groups, split="val")
@@ -153,10 +75,7 @@ async def main(args: argparse.Namespace) -> None:
             if batch.step >= args.steps:
                 break
             groups = await jm.gather_trajectory_groups(
-                (
-                    jm.TrajectoryGroup(rollout(agent, q, a) for _ in range(args.group_size))
-                    for q, a in batch.items
-                ),
+                (jm.TrajectoryGroup(rollout(agent, s) for _ in range(args.group_size)) for s in batch.items),
                 max_exceptions=0.1,
                 description=f"step {batch.step + 1}",
             )

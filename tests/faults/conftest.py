@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from journeyman.backend.router import Router
+from journeyman.backend.serving.router import Router
 from tests.scripted_upstream import ScriptedServer, ScriptedUpstream, serve
 
 

@@ -176,7 +176,7 @@ async def test_unknown_base_models_fail_before_anything_starts(tmp_path: Path) -
 
 async def test_train_refuses_what_is_not_a_list_of_groups(tmp_path: Path) -> None:
 
-    from journeyman.backend.trainer import Trainer
+    from journeyman.backend.training.trainer import Trainer
 
     trainer = Trainer("smollm2-135m", jm.ModelStore("p", "m", root=tmp_path))
     group = jm.TrajectoryGroup([jm.Trajectory(**GOOD)])

@@ -12,8 +12,8 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from journeyman.store import check_writable
 from tests.scripted_upstream import Reply, ScriptedUpstream
 

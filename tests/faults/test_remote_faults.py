@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import journeyman as jm
-from journeyman.backend.vllm import free_port
+from journeyman.backend.serving.vllm import free_port
 from tests.integration.test_local_backend import QUESTIONS
 from tests.integration.test_remote_backend import rollout
 from tests.waits import until

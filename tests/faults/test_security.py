@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 import journeyman as jm
-from journeyman.backend.gateway import Gateway, RecordLog
+from journeyman.backend.app.server import MAX_BODY_BYTES, check_bind, create_app
 from journeyman.backend.local import LocalBackend
-from journeyman.backend.router import Router
-from journeyman.backend.server import MAX_BODY_BYTES, check_bind, create_app
+from journeyman.backend.serving.gateway import Gateway, RecordLog
+from journeyman.backend.serving.router import Router
 from tests.scripted_upstream import Reply, ScriptedUpstream
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.backend.vllm import free_port
+from journeyman.backend.serving.vllm import free_port
 from tests.waits import until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +35,8 @@ GATEWAY = textwrap.dedent(
     import sys
     from pathlib import Path
     import uvicorn
-    from journeyman.backend.gateway import Gateway, RecordLog
-    from journeyman.backend.router import Router
+    from journeyman.backend.serving.gateway import Gateway, RecordLog
+    from journeyman.backend.serving.router import Router
     from tests.scripted_upstream import ScriptedServer
 
     upstream, records, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])

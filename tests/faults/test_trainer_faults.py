@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import journeyman as jm
-from journeyman.backend.trainer import Trainer
+from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
 from tests.integration.test_trainer import _groups
 
@@ -40,7 +40,7 @@ CHILD = textwrap.dedent(
 
     import journeyman as jm
     import journeyman.store as store_module
-    from journeyman.backend.trainer import Trainer
+    from journeyman.backend.training.trainer import Trainer
     from journeyman.config import TrainConfig
     from tests.faults.test_trainer_faults import groups_for
 
@@ -161,7 +161,7 @@ FULL_DISK_CHILD = textwrap.dedent(
     from safetensors.torch import save_file
 
     import journeyman as jm
-    from journeyman.backend.trainer import ADAPTER, Trainer
+    from journeyman.backend.training.trainer import ADAPTER, Trainer
     from journeyman.config import TrainConfig
     from tests.faults.test_trainer_faults import _lora, groups_for
 

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("unsloth")
 
 import journeyman as jm  # noqa: E402
-from journeyman.backend.trainer import Trainer  # noqa: E402
+from journeyman.backend.training.trainer import Trainer  # noqa: E402
 from journeyman.config import TrainConfig  # noqa: E402
 from tests.integration.test_trainer import _groups, _snapshot  # noqa: E402
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 
 SERVED_BASE = "smollm2"
 MAX_LORA_RANK = 8

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import journeyman as jm
-from journeyman.backend.cli import app
+from journeyman.backend.app.cli import app
 from journeyman.integrations.langfuse import import_trajectories
 from tests.langfuse_server import LangfuseServer, client_for
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import journeyman as jm
-from journeyman.backend.vllm import free_port
+from journeyman.backend.serving.vllm import free_port
 from journeyman.config import TrainConfig
 from tests.integration.test_distributed_trainer import groups, lora_weights
 
@@ -26,7 +26,7 @@ CONFIG = TrainConfig(learning_rate=5e-3)
 async def test_serve_under_torchrun_trains_each_step_on_both_ranks(tmp_path: Path, tokenizer: Any) -> None:
     from safetensors.torch import load_file
 
-    from journeyman.backend.trainer import Trainer
+    from journeyman.backend.training.trainer import Trainer
 
     port = free_port()
     command = [

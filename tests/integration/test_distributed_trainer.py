@@ -120,7 +120,7 @@ def _rank_main(out: Path, base: str, mode: str) -> None:
     from safetensors.torch import save_file
     from torch.distributed.tensor import DTensor
 
-    from journeyman.backend.distributed import DataParallelTrainer, LeaderTrainer, follow
+    from journeyman.backend.training.distributed import DataParallelTrainer, LeaderTrainer, follow
 
     rank = int(os.environ["RANK"])
     root = out / f"root{rank}"  # separate stores: rank 1 needs no shared disk and writes nothing
@@ -183,7 +183,7 @@ class OneProcess:
     """The reference: a plain :class:`Trainer` in this process."""
 
     def __init__(self, base: str, root: Path) -> None:
-        from journeyman.backend.trainer import Trainer
+        from journeyman.backend.training.trainer import Trainer
 
         self.trainer = Trainer(base, jm.ModelStore("test", "agent", root=root), threads=1, precision="fp32")
         self.trainer.load()

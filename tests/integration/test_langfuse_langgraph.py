@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.messages import convert_to_openai_messages
 from langfuse import Langfuse
-from langgraph.prebuilt import create_react_agent
 
-from journeyman.backend.vllm import VLLMServer
+from journeyman.backend.serving.vllm import VLLMServer
 from journeyman.integrations.langfuse import import_trajectories
 from tests.integration.conftest import SERVED_BASE
 from tests.langfuse_server import LangfuseServer
@@ -16,6 +19,11 @@ from tests.unit import test_langfuse_langgraph as scripted
 from tests.unit.test_langfuse_langgraph import add_and_finish, comparable, run_traced
 
 server, client = scripted.server, scripted.client  # the fixtures: a test server, and a client of it
+
+
+@wrap_model_call
+def tool_required(request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+    return handler(request.override(tool_choice="required"))
 
 
 def test_a_langgraph_agent_on_the_real_vllm_server(
@@ -31,7 +39,7 @@ def test_a_langgraph_agent_on_the_real_vllm_server(
         max_tokens=48,
     )
     # tool_choice="required" makes the 135M model call the tool; return_direct ends the run on its result.
-    agent = create_react_agent(chat.bind_tools([add_and_finish], tool_choice="required"), [add_and_finish])
+    agent = create_agent(chat, [add_and_finish], middleware=[tool_required])
     state = run_traced(agent, "What is 12 plus 30?", server, session="vllm")
     client.flush()
 

@@ -19,7 +19,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 
 import journeyman as jm
-from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.serving.gateway import GatewayThread
 from journeyman.integrations.langgraph import TrajectoryTracer
 from tests.integration.conftest import SERVED_BASE, Served, each_family
 from tests.integration.test_serving import _rendered

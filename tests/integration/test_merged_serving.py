@@ -10,9 +10,9 @@ from typing import Any
 import openai
 import pytest
 
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 from tests.waits import until
 
 from .conftest import FAMILIES, make_adapter

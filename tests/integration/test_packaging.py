@@ -36,11 +36,11 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         "journeyman/trajectory.py",
         "journeyman/py.typed",
         "journeyman/integrations/__init__.py",
-        "journeyman/backend/cli.py",
-        "journeyman/backend/templates/smollm2_tools.jinja",
-        "journeyman/backend/vllm_plugin/journeyman_cpu_lora.py",
-        "journeyman/backend/vllm_plugin/journeyman_tool_parser.py",
-        "journeyman/backend/vllm_plugin/journeyman_cpu_lora-0.1.0.dist-info/entry_points.txt",
+        "journeyman/backend/app/cli.py",
+        "journeyman/backend/serving/templates/smollm2_tools.jinja",
+        "journeyman/backend/serving/vllm_plugin/journeyman_cpu_lora.py",
+        "journeyman/backend/serving/vllm_plugin/journeyman_tool_parser.py",
+        "journeyman/backend/serving/vllm_plugin/journeyman_cpu_lora-0.1.0.dist-info/entry_points.txt",
     ]:
         assert expected in names, expected
     assert not any(n.startswith(("core/", "backend/", "integrations/", "tests/")) for n in names)
@@ -58,7 +58,8 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         import journeyman, journeyman.backend.models as models
         from importlib import resources
         print(journeyman.__file__)
-        print(len(resources.files("journeyman.backend").joinpath("templates", "smollm2_tools.jinja").read_text()))
+        print(len(resources.files("journeyman.backend.serving").joinpath("templates", "smollm2_tools.jinja").read_text()))
+        print(journeyman.trainable.__module__)  # found through the wheel's entry points
         """
     )
     result = subprocess.run(
@@ -70,6 +71,7 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    location, template_size = result.stdout.split()
+    location, template_size, trainable_module = result.stdout.split()
+    assert trainable_module == "journeyman.integrations.trainable"
     assert Path(location).is_relative_to(target)
     assert int(template_size) > 500

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import journeyman as jm
-from journeyman.backend.vllm import free_port
+from journeyman.backend.serving.vllm import free_port
 from journeyman.records import CompletionRecord
 from tests.integration.test_local_backend import QUESTIONS, ask
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import journeyman as jm
-from journeyman.backend.vllm import free_port
+from journeyman.backend.serving.vllm import free_port
 from journeyman.config import TrainConfig
 from tests.integration.test_distributed_trainer import groups
 

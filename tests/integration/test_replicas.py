@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from journeyman.backend.fleet import Replicas
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.replicas import Replicas
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 from tests.integration.conftest import MAX_LORA_RANK, SERVED_BASE, make_adapter
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.serving.gateway import GatewayThread
 from tests.integration.conftest import SERVED_BASE
 from tests.waits import until
 

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 import journeyman as jm
-from journeyman.backend.batch import template_messages
-from journeyman.backend.gateway import ROLLOUT_HEADER, GatewayThread
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import ROLLOUT_HEADER, GatewayThread
+from journeyman.backend.serving.router import Router
+from journeyman.backend.training.batch import template_messages
 from journeyman.records import CompletionRecord
 from tests.integration.conftest import MAX_LORA_RANK, SERVED_BASE, Served, each_family, make_adapter
 

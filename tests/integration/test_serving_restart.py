@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from journeyman.backend.gateway import GatewayThread
-from journeyman.backend.router import Router
-from journeyman.backend.vllm import VLLMServer
+from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMServer
 from tests.integration.conftest import SERVED_BASE, _gateway, _server, make_adapter
 from tests.integration.test_serving import _greedy
 

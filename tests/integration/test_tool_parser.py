@@ -11,12 +11,15 @@ from typing import Any
 import openai
 import pytest
 
-from journeyman.backend.families import TOOL_PARSER_PLUGIN
-from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.serving.families import TOOL_PARSER_PLUGIN
+from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.backend.serving.vllm import VLLMServer
+from journeyman.backend.serving.vllm_plugin.journeyman_tool_parser import (
+    form_of_tool_call_id,
+    parse_tool_calls,
+)
 from journeyman.backend.settings import vllm_python
-from journeyman.backend.vllm import VLLMServer
-from journeyman.backend.vllm_plugin.journeyman_tool_parser import form_of_tool_call_id, parse_tool_calls
-from journeyman.integrations._capture import Call, build_trajectory, join_records
+from journeyman.integrations.capture import Call, build_trajectory, join_records
 from tests.integration.test_serving import TOOLS
 
 NAMES = {"add", "multiply"}

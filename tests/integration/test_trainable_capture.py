@@ -9,7 +9,7 @@ from typing import Any
 import openai
 
 import journeyman as jm
-from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.serving.gateway import GatewayThread
 from tests.integration.conftest import SERVED_BASE
 from tests.integration.test_langgraph_capture import check_token_exact
 from tests.integration.test_serving import TOOLS

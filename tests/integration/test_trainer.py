@@ -10,10 +10,17 @@ import pytest
 import torch
 
 import journeyman as jm
-from journeyman.backend.batch import Row, build_batch, pack
-from journeyman.backend.gateway import GatewayThread
-from journeyman.backend.router import Router
-from journeyman.backend.trainer import ADAPTER, OPTIMIZER, STATE, Trainer, _packed_inputs, _sequence_views
+from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.backend.serving.router import Router
+from journeyman.backend.training.batch import Row, build_batch, pack
+from journeyman.backend.training.trainer import (
+    ADAPTER,
+    OPTIMIZER,
+    STATE,
+    Trainer,
+    _packed_inputs,
+    _sequence_views,
+)
 from journeyman.config import LossType, TrainConfig
 from journeyman.records import CompletionRecord
 from tests.integration.conftest import QWEN, Served, each_family
@@ -285,7 +292,7 @@ async def test_async_steps_run_on_one_thread_and_hand_their_memory_back(
     import threading
 
     from bench.step_memory import demo_shaped_groups, resident_gib
-    from journeyman.backend import trainer as trainer_module
+    from journeyman.backend.training import trainer as trainer_module
 
     trainer = Trainer("smollm2-135m", jm.ModelStore("test", "memory", root=tmp_path))
     trainer.load()

@@ -28,8 +28,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import journeyman as jm
-from journeyman.backend import loss as L
-from journeyman.backend.trainer import Trainer
+from journeyman.backend.training import loss as L
+from journeyman.backend.training.trainer import Trainer
 from journeyman.config import LossType, TrainConfig
 
 QUESTIONS = [

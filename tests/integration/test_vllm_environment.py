@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from journeyman.backend.serving.vllm import PLUGIN_DIR
 from journeyman.backend.settings import vllm_python
-from journeyman.backend.vllm import PLUGIN_DIR
 
 
 def test_vllm_environment_imports_the_server_and_is_separate() -> None:

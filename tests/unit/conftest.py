@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from journeyman.backend.gateway import GatewayThread
+from journeyman.backend.serving.gateway import GatewayThread
 from tests.scripted_upstream import ScriptedServer, ScriptedUpstream, gateway_to, serve
 
 

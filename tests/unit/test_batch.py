@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.backend.batch import TrainSequence, build_batch, history_sequences, pack
+from journeyman.backend.training.batch import TrainSequence, build_batch, history_sequences, pack
 from journeyman.config import TrainConfig
 
 

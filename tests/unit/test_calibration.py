@@ -248,7 +248,7 @@ def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
 ) -> None:
     from typer.testing import CliRunner
 
-    from journeyman.backend.cli import app
+    from journeyman.backend.app.cli import app
 
     store = jm.ModelStore("demo", "agent", root=tmp_path)
     store.save_groups(GROUPS[:2], "train", 1)
@@ -316,10 +316,10 @@ def test_advantages_are_grpo_s() -> None:
 
 @pytest.mark.parametrize("scale", ["group", "none"])
 def test_group_advantages_match_the_trainers(scale: str) -> None:
-    """Core's torch-free twin of backend/loss.py ``advantages``, group by group."""
+    """Core's torch-free twin of backend/training/loss.py ``advantages``, group by group."""
     import torch
 
-    from journeyman.backend.loss import advantages
+    from journeyman.backend.training.loss import advantages
 
     groups = [[0.2, 0.9, 0.4, 0.9], [1.0, 1.0, 1.0], [0.0, 1.0], [0.5]]
     rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float64)
@@ -381,7 +381,7 @@ def test_the_cli_can_calibrate_a_judge_that_writes_a_reference_first(
 
     from typer.testing import CliRunner
 
-    from journeyman.backend.cli import app
+    from journeyman.backend.app.cli import app
 
     def reads(request: dict[str, Any]) -> Reply:
         if not request.get("logprobs"):  # the reference, asked once for the group

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import journeyman as jm
-from journeyman.backend.cli import app
+from journeyman.backend.app.cli import app
 
 runner = CliRunner()
 
@@ -58,6 +59,14 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plot", "demo", "agent", "--root", str(tmp_path), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets when it is missing
+    result = runner.invoke(app, ["plot", "demo", "agent", "--root", str(tmp_path)])
+    assert isinstance(result.exception, jm.MissingDependencyError)
+    assert "pip install 'journeyman[bench]'" in str(result.exception)
 
 
 def test_trajectories_show_prints_the_conversation(tmp_path: Path) -> None:

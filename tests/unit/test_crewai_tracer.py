@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
 

@@ -9,17 +9,11 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.backend.demo import (
-    DemoConfig,
-    Scenario,
-    make_scenarios,
-    plot_demo,
-    run_demo,
-    score,
-    summarize,
-    worked_plan,
-)
-from journeyman.backend.vllm import free_port
+from journeyman.backend.app.calculator import Scenario, make_scenarios, score, worked_plan
+from journeyman.backend.app.demo import DemoConfig, run_demo
+from journeyman.backend.app.demo_report import summarize
+from journeyman.backend.app.plots import plot_demo
+from journeyman.backend.serving.vllm import free_port
 from journeyman.errors import ConfigError
 
 QUESTION = Scenario("What is 347 plus 655?", "add", 347, 655, "arithmetic")
@@ -226,7 +220,7 @@ def _judged_groups() -> list[jm.TrajectoryGroup]:
 async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, anyway: bool) -> None:
     from rich.console import Console
 
-    from journeyman.backend.demo import Demo
+    from journeyman.backend.app.demo import Demo
     from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
 
     def inverted(request: dict[str, Any]) -> Reply:  # prefers every wrong answer to every right one
@@ -265,7 +259,7 @@ async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, any
 
 
 def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> None:
-    from journeyman.backend.demo import DEFAULT_JUDGE_MODEL, Demo
+    from journeyman.backend.app.demo import DEFAULT_JUDGE_MODEL, Demo
 
     default = Demo(DemoConfig(judge="ruler"))
     assert (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from journeyman.backend.batch import TrainSequence
-from journeyman.backend.distributed import shard, world
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.training.batch import TrainSequence
+from journeyman.backend.training.distributed import shard, world
 
 
 def _sequence(trajectory: int, length: int) -> TrainSequence:

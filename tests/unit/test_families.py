@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from journeyman.backend.families import TOOL_PARSER_PLUGIN, serving_defaults
 from journeyman.backend.models import TOOL_TEMPLATE
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.families import TOOL_PARSER_PLUGIN, serving_defaults
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 
 QWEN_LIKE = "{%- if tools %}<tools>{{ tools }}</tools>{%- endif %}<tool_call>\n{...}\n</tool_call>"
 MISTRAL_LIKE = "{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}{%- endif %}[TOOL_CALLS]"
@@ -96,7 +96,7 @@ def test_the_serving_dtype_follows_the_hardware(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, device: str, expected: str
 ) -> None:
     """bf16 is emulated on CPUs without AVX512-BF16 or AMX (7x slower than fp32 there): float32."""
-    import journeyman.backend.vllm as vllm
+    import journeyman.backend.serving.vllm as vllm
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: fpu {flags}\n\n")

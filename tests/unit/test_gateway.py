@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from journeyman.backend.gateway import ROLLOUT_HEADER, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import ROLLOUT_HEADER, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from journeyman.records import (
     ChoiceRecord,
     CompletionRecord,

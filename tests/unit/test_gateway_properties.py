@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from journeyman.backend.gateway import ROLLOUT_HEADER, Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import ROLLOUT_HEADER, Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from journeyman.records import SAMPLING_KEYS
 from tests.scripted_upstream import ScriptedServer, serve
 

@@ -54,6 +54,24 @@ async def test_too_many_failures_stop_the_gather(limit: float) -> None:
         )
 
 
+@pytest.mark.parametrize(("limit", "failed"), [(2, 2), (1.0, 3), (0.7, 2)])
+async def test_an_int_counts_failures_and_a_float_is_a_share(limit: float, failed: int) -> None:
+    """An int counts rollouts, a float is a share of them: 1.0 lets every rollout fail, where it
+    once meant one failure."""
+    (group,) = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup([rollout(float(i), fail=i < failed) for i in range(3)])],
+        max_exceptions=limit,
+        progress=False,
+    )
+    assert len(group.failures) == failed and len(group) == 3 - failed
+
+
+@pytest.mark.parametrize("limit", [-1, -0.5, 1.5])
+async def test_a_max_exceptions_that_is_no_count_or_share_is_refused(limit: float) -> None:
+    with pytest.raises(jm.ConfigError, match=r"a count .* or a share"):
+        await jm.gather_trajectory_groups([jm.TrajectoryGroup([rollout(1.0)])], max_exceptions=limit)
+
+
 async def test_after_each_can_rescore_drop_or_fail() -> None:
     async def judge(group: jm.TrajectoryGroup) -> jm.TrajectoryGroup | None:
         first = group.trajectories[0].reward

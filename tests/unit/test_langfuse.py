@@ -3,6 +3,7 @@ attributes and ids exactly as they would go over the wire. And the read side on 
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -218,6 +219,21 @@ def test_an_unreachable_server_is_a_warning_and_a_recorded_failure(caplog: pytes
     assert exporter.get_finished_spans() == ()
     assert len(group) == 2  # nothing lost
     client.shutdown()
+
+
+def test_a_connection_check_is_forgotten_with_its_client() -> None:
+    """The check is cached per client for 30 s; a client made after another was dropped must not
+    inherit its answer (a cache keyed by id() would hand it over when the address is reused)."""
+    from journeyman.integrations import langfuse as module
+
+    client, _ = capturing_client("http://127.0.0.1:9", f"pk-{uuid.uuid4().hex}")
+    assert "ConnectError" in (module._connection_problem(client) or "")
+    assert client in module._checked
+    client.shutdown()
+    before = len(module._checked)
+    del client
+    gc.collect()
+    assert len(module._checked) == before - 1
 
 
 # The read side on its own: observations as the SDK parses them from GET /api/public/v2/observations.

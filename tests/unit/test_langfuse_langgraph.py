@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langfuse import Langfuse
 from langfuse.langchain import CallbackHandler
-from langgraph.prebuilt import create_react_agent
 
 from journeyman.integrations.langfuse import import_trajectories
 from tests.langfuse_server import LangfuseServer, client_for
@@ -77,7 +77,7 @@ def test_a_langgraph_run_recorded_by_the_callback_handler_imports_as_a_trajector
             AIMessage(content="2+3 is 5."),
         ]
     )
-    agent = create_react_agent(model, [add], prompt="You add numbers with the add tool.")
+    agent = create_agent(model, [add], system_prompt="You add numbers with the add tool.")
     run_traced(agent, "What is 2+3?", server, session="prod-session")
     client.flush()
 
@@ -122,7 +122,7 @@ def test_a_run_that_ends_on_a_tool_keeps_the_tool_result(server: LangfuseServer,
             )
         ]
     )
-    agent = create_react_agent(model, [add_and_finish])
+    agent = create_agent(model, [add_and_finish])
     run_traced(agent, "4+5?", server, session="direct")
     client.flush()
     (trajectory,) = import_trajectories(client, session_id="direct")

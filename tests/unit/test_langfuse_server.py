@@ -291,7 +291,7 @@ def test_langfuse_true_means_the_project_in_the_environment_even_with_other_clie
                                "LANGFUSE_BASE_URL": server.base_url}.items():  # fmt: skip
                 monkeypatch.setenv(key, value)
             group = sample_group()
-            assert len(jm.gather.langfuse_exporter(True).export_group(group)) == len(group)
+            assert len(jm.plugins.exporter("langfuse", True).export_group(group)) == len(group)
             assert group.failures == [] and other.traces == {}
             found = import_trajectories(client, trace_ids=[trace_id(t.id) for t in group])
             assert sorted(t.id for t in found) == sorted(t.id for t in group.trajectories)

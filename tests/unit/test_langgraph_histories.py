@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import journeyman as jm
-from journeyman.integrations._capture import Call, HttpRecords, ToolRun, build_trajectory, gateway_root
+from journeyman.integrations.capture import Call, HttpRecords, ToolRun, build_trajectory, gateway_root
 from tests.scripted_upstream import serve
 
 USER = {"role": "user", "content": "What is 2 plus 3?"}

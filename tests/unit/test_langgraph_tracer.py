@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import journeyman as jm
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
-from journeyman.integrations._capture import gateway_records, http_records
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
+from journeyman.integrations.capture import gateway_records, http_records
 from journeyman.integrations.langgraph import TrajectoryTracer
 from journeyman.records import in_process_records
 from tests.scripted_agent import ScriptedModel

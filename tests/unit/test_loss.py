@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 import torch
 
-from journeyman.backend import loss as L
+from journeyman.backend.training import loss as L
 
 
 def t(values: object, **kwargs: object) -> torch.Tensor:
@@ -181,3 +181,18 @@ def test_tokens_masked_for_mismatch_keep_their_place_in_the_denominators(loss_ty
     assert whole.loss.item() == pytest.approx(
         sum(w * p.loss.item() for w, p in zip(weights, parts, strict=True))
     )
+
+
+def test_every_loss_name_is_registered_once_everywhere() -> None:
+    """A loss is named in core (TrainConfig's choices and clip defaults) and implemented in the
+    loss table: one missing registration fails here, not in the middle of a training step."""
+    from journeyman.config import CLIP_DEFAULTS, LossType
+
+    assert set(get_args(LossType)) == set(L.LOSSES) == set(CLIP_DEFAULTS)
+
+
+def test_train_config_refuses_the_precision_it_never_used() -> None:
+    import journeyman as jm
+
+    with pytest.raises(jm.ConfigError, match="chosen once, when the trainer loads it"):
+        jm.TrainConfig(precision="bf16")  # type: ignore[call-arg]

@@ -29,7 +29,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from journeyman.backend import loss as L
+from journeyman.backend.training import loss as L
 
 TOLERANCE = 1e-6
 

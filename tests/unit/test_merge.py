@@ -1,4 +1,4 @@
-"""Merging a LoRA adapter into the base weights (backend/merge.py) and the router's merged mode."""
+"""Merging a LoRA adapter into the base weights (backend/serving/merge.py) and the router's merged mode."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from journeyman.backend.merge import merge_adapter
-from journeyman.backend.router import ModelUnavailableError, Router
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.merge import merge_adapter
+from journeyman.backend.serving.router import ModelUnavailableError, Router
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 from journeyman.errors import AdapterError, ConfigError
 from tests.waits import until
 

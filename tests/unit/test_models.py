@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend import models
-from journeyman.backend.cli import app
+from journeyman.backend.app.cli import app
 from journeyman.backend.models import EMBEDDED_MODELS, EmbeddedModel, Part, assemble_gguf, prepare_model
 
 CONTENTS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 500, b"tail"]

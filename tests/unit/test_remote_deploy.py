@@ -10,10 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from journeyman.backend.fleet import AdapterPush, Replicas, pack_adapter, unpack_adapter
+from journeyman.backend.app.server import create_app
 from journeyman.backend.local import LocalBackend
-from journeyman.backend.server import create_app
-from journeyman.backend.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.adapters import AdapterPush, pack_adapter, unpack_adapter
+from journeyman.backend.serving.replicas import Replicas
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 from journeyman.errors import AdapterError, ConfigError, InvalidDataError
 
 TOKEN = "s3cret-token"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from journeyman.backend.router import Router
+from journeyman.backend.serving.router import Router
 from journeyman.errors import AdapterError
 from tests.scripted_upstream import ScriptedServer
 

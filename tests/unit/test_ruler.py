@@ -467,7 +467,7 @@ def test_invalid_answers_are_refused(text: str) -> None:
 
 
 async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudge, judge: jm.Judge) -> None:
-    from journeyman.backend.batch import build_batch
+    from journeyman.backend.training.batch import build_batch
 
     def sampled(answer: str, completion: list[int]) -> jm.Trajectory:
         turn = {

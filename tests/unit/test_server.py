@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 import journeyman as jm
+from journeyman.backend.app.server import check_bind, create_app
 from journeyman.backend.local import LocalBackend
-from journeyman.backend.server import check_bind, create_app
 
 TOKEN = "s3cret-token"
 

@@ -9,15 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from journeyman.backend.gateway import GatewayThread, _tool_call_forms
-from journeyman.backend.vllm_plugin.journeyman_tool_parser import (
+from journeyman.backend.serving.gateway import GatewayThread, _tool_call_forms
+from journeyman.backend.serving.vllm_plugin.journeyman_tool_parser import (
     FORMS,
     ParsedToolCalls,
     form_of_tool_call_id,
     parse_tool_calls,
     tool_call_id,
 )
-from journeyman.integrations._capture import Call, build_trajectory, join_records
+from journeyman.integrations.capture import Call, build_trajectory, join_records
 from journeyman.records import TOOL_CALL_FORMS
 from tests.scripted_upstream import Reply, ScriptedUpstream
 

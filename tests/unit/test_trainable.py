@@ -12,8 +12,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 import journeyman as jm
-from journeyman.backend.gateway import Gateway, GatewayThread, RecordLog
-from journeyman.backend.router import Router
+from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
+from journeyman.backend.serving.router import Router
 from journeyman.integrations.trainable import trainable
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve

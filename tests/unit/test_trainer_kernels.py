@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from journeyman.backend import fused_lora
-from journeyman.backend.trainer import _ChosenLogprobs, _chunk_logprobs
+from journeyman.backend.training import fused_lora
+from journeyman.backend.training.trainer import _ChosenLogprobs, _chunk_logprobs
 
 
 def test_chosen_logprobs_match_autograd_through_the_full_logits() -> None:

@@ -1,4 +1,9 @@
-"""What the framework integrations share: captured calls, gateway records, building trajectories.
+"""The capture kit: what every framework integration is built from, with no framework in it.
+
+An integration subclasses :class:`Tracer` (or calls the functions below), records each model call
+the framework makes as a :class:`Call` and each tool run as a :class:`ToolRun`, and hands them to
+:meth:`Tracer.finish` when the agent's run ends. ``integrations/langgraph.py`` is the worked
+example; "Adding an integration" in the README walks through it.
 
 An integration sees each model call from the agent's side: the messages the framework sent, the
 tools it bound, the reply and the completion id. :func:`build_trajectory` joins those calls to
@@ -33,7 +38,9 @@ __all__ = [
     "HttpRecords",
     "RecordSource",
     "ToolRun",
+    "Tracer",
     "build_trajectory",
+    "fill_trajectory",
     "gateway_records",
     "gateway_root",
     "http_records",
@@ -202,6 +209,75 @@ def join_each(calls: Iterable[Call], source_of: Callable[[Call], RecordSource | 
         source = source_of(call)
         groups.setdefault(id(source), (source, []))[1].append(call)
     return sum(join_records(group, source) for source, group in groups.values())
+
+
+class Tracer:
+    """What an integration's tracer shares: where records are read, its own failures, the finish.
+
+    ``records`` is where completion records are read: the gateway's ``RecordLog`` (in process), a
+    gateway URL, or None to ask the gateway each call went to (:attr:`Call.endpoint`). ``api_key``
+    authenticates HTTP reads against ``journeyman serve``. A failure inside the tracer is logged
+    and counted in :attr:`errors`, and never reaches the agent unless ``raise_error``.
+    """
+
+    def __init__(
+        self,
+        records: RecordSource | str | None = None,
+        *,
+        api_key: str | None = None,
+        raise_error: bool = False,
+    ) -> None:
+        self.raise_error = raise_error
+        self.errors = 0
+        """Failures inside the tracer itself (logged, never raised into the agent by default)."""
+        self._records = records
+        self._api_key = api_key
+        self._lock = threading.Lock()
+
+    def source(self, call: Call) -> RecordSource | None:
+        """Where ``call``'s record is read."""
+        records = self._records if self._records is not None else call.endpoint
+        return gateway_records(records, self._api_key) if isinstance(records, str) else records
+
+    def failed(self, what: str, error: Exception) -> None:
+        """Count and log a failure of the tracer's own (``what`` it was doing); re-raise it when
+        ``raise_error``. Call it from an ``except`` block."""
+        with self._lock:
+            self.errors += 1
+        logger.warning("%s: %s failed: %r", type(self).__name__, what, error, exc_info=True)
+        if self.raise_error:
+            raise error
+
+    def finish(
+        self,
+        trajectory: Trajectory,
+        calls: Iterable[Call],
+        tool_runs: Iterable[ToolRun] = (),
+        *,
+        error: BaseException | None = None,
+        raised_by: str = "the run",
+    ) -> Trajectory:
+        """Join the calls to their records, chain them into ``trajectory`` and finish it. An error
+        that ended the run is kept in its metadata and log."""
+        if error is not None:
+            trajectory.metadata["error"] = f"{type(error).__name__}: {error}"
+            trajectory.log(f"{raised_by} raised {type(error).__name__}: {error}")
+        return fill_trajectory(trajectory, calls, tool_runs, self.source).finish()
+
+
+def fill_trajectory(
+    trajectory: Trajectory,
+    calls: Iterable[Call],
+    tool_runs: Iterable[ToolRun] = (),
+    source_of: Callable[[Call], RecordSource | None] = lambda call: None,
+) -> Trajectory:
+    """Join the calls to their records (failed lookups counted in ``record_lookup_errors``) and
+    chain them into ``trajectory``'s histories."""
+    calls = list(calls)
+    failed = join_each(calls, source_of)
+    if failed:
+        trajectory.metrics["record_lookup_errors"] = failed
+    return build_trajectory(calls, tool_runs, trajectory=trajectory)
 
 
 def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -8,7 +8,7 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     POST   /api/models/{project}/{name}/train            {groups, config} -> NDJSON progress events
     GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
-    PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (fleet.py)
+    PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (serving/adapters.py)
     /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
 
 Binding beyond loopback without a token is refused. Tokens are compared in constant time and
@@ -25,6 +25,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -36,13 +37,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from journeyman.config import LoRAConfig, TrainConfig
-from journeyman.errors import ConfigError, InvalidDataError, JourneymanError
+from journeyman.errors import AdapterError, ConfigError, InvalidDataError, JourneymanError
 from journeyman.model import TrainableModel
-from journeyman.store import validate_name
+from journeyman.store import atomic_dir, validate_name
 from journeyman.trajectory import TrajectoryGroup, format_validation_error
 
-from .fleet import deployment_route
-from .local import LocalBackend
+from ..local import LocalBackend
+from ..serving.adapters import unpack_adapter
 
 __all__ = ["MAX_BODY_BYTES", "check_bind", "create_app"]
 
@@ -145,6 +146,42 @@ def _json_body(
             return _error(400, str(error), "invalid_request")
 
     return wrapped
+
+
+def deployment_route(backend: LocalBackend) -> Route:
+    """``PUT /api/deployments/{name}/{step}`` for ``journeyman serve`` (behind its token check)."""
+
+    async def receive(request: Request) -> Response:
+        try:
+            name = validate_name(request.path_params["name"], "model name")
+            step = _step(request.path_params["step"])
+            base_model = request.query_params.get("base_model")
+            if not base_model:
+                raise InvalidDataError("add ?base_model=<the adapter's base model> to the URL")
+            folder = backend.root / "deployments" / name / f"{step:04d}"
+            if folder.exists():
+                raise AdapterError(f"{name}@{step} was deployed here already; push each step once")
+            data = await request.body()
+            with atomic_dir(folder) as staging:
+                unpack_adapter(data, staging)
+        except (ConfigError, InvalidDataError) as error:
+            return _error(400, str(error), "invalid_request")
+        except AdapterError as error:
+            return _error(409, str(error), "conflict")
+        try:
+            served = await backend.deploy_adapter(name, base_model, folder, step)
+        except AdapterError as error:
+            shutil.rmtree(folder, ignore_errors=True)  # a later push of this step may succeed
+            return _error(502, str(error), "adapter_error")
+        return JSONResponse({"served_name": served, "step": step})
+
+    return Route("/api/deployments/{name}/{step}", receive, methods=["PUT"])
+
+
+def _step(text: str) -> int:
+    if not text.isdigit():
+        raise InvalidDataError(f"the step must be a whole number, got {text!r}")
+    return int(text)
 
 
 def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int = MAX_BODY_BYTES) -> ASGIApp:

@@ -20,7 +20,7 @@ __all__ = ["install"]
 
 
 def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    result = self.base_layer(x, *args, **kwargs)
+    result: torch.Tensor = self.base_layer(x, *args, **kwargs)
     if self.disable_adapters or self.merged:
         return result
     for name in self.active_adapters:

@@ -13,11 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from journeyman.config import LossType
 from journeyman.errors import JourneymanError
 from journeyman.messages import content_text
-from journeyman.store import ModelStore
+from journeyman.store import CHECKPOINT_STATE, ModelStore
 
-from .models import EMBEDDED_MODELS, prepare_model, prepared_folder
+from ..models import EMBEDDED_MODELS, prepare_model, prepared_folder
+from .plots import plot_history
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: list and prepare the embedded ones.", no_args_is_help=True)
@@ -118,10 +120,10 @@ def serve(
 
     import uvicorn
 
-    from .fleet import AdapterPush
-    from .local import LocalBackend
+    from ..local import LocalBackend
+    from ..serving.adapters import AdapterPush
+    from ..serving.vllm import VLLMConfig
     from .server import check_bind, create_app
-    from .vllm import VLLMConfig
 
     check_bind(host, token)
     options: dict[str, Any] = {}
@@ -130,7 +132,7 @@ def serve(
             "--fsdp shards across ranks: launch with torchrun --nproc-per-node 2 or more"
         )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from .distributed import LeaderTrainer, follow, init_distributed
+        from ..training.distributed import LeaderTrainer, follow, init_distributed
 
         rank, _ = init_distributed()
         if rank != 0:
@@ -169,7 +171,7 @@ def demo(
     temperature: Annotated[float, typer.Option(help="Sampling temperature for training rollouts.")] = 0.7,
     max_tokens: Annotated[int, typer.Option(help="Longest model turn, in tokens.")] = 48,
     learning_rate: Annotated[float, typer.Option(help="LoRA learning rate.")] = 5e-4,
-    loss: Annotated[str, typer.Option(help="grpo, dr_grpo, dapo, gspo or cispo.")] = "dapo",
+    loss: Annotated[str, typer.Option(help=", ".join(get_args(LossType)) + ".")] = "dapo",
     rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
     gradient_checkpointing: Annotated[
         bool | None,
@@ -293,7 +295,7 @@ def checkpoints_list(project: str, model: str, root: Root = None) -> None:
     for step in store.checkpoint_steps():
         folder = store.checkpoint_path(step)
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
-        state = folder / "trainer_state.json"
+        state = folder / CHECKPOINT_STATE
         metrics = json.loads(state.read_text()).get("metrics", {}) if state.is_file() else {}
         table.add_row(
             str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss"))
@@ -478,38 +480,6 @@ def _read_labels(path: Path) -> dict[str, float]:
                 f'{path}, line {number}: expected {{"trajectory_id": "...", "reward": <number>}} ({error!r})'
             ) from None
     return labels
-
-
-def plot_history(rows: list[dict[str, object]], out: Path, title: str = "") -> Path:
-    """Reward (train and val) and loss against the step; written to ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not rows:
-        raise JourneymanError("history.jsonl is empty: train or log at least one step first")
-    figure, (reward_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in [("reward/mean", "train reward"), ("val/reward", "val reward")]:
-        points = [(r["step"], r[key]) for r in rows if key in r]
-        if points:
-            reward_axis.plot(*zip(*points, strict=True), marker="o", label=label)
-    loss = [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
-    if loss:
-        loss_axis.plot(*zip(*loss, strict=True), marker="o", color="tab:red")
-    from matplotlib.ticker import MaxNLocator
-
-    for axis in (reward_axis, loss_axis):
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    reward_axis.set(xlabel="step", ylabel="reward", title="reward")
-    reward_axis.legend()
-    loss_axis.set(xlabel="step", ylabel="loss", title="train loss")
-    figure.suptitle(title)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
 
 
 def _fmt(value: object) -> str:

@@ -14,7 +14,7 @@ Model families differ exactly where a serving stack breaks: the chat template (d
 - stop tokens come from ``generation_config.json`` (vLLM reads it), which the conversion writes
   with every end-of-turn token.
 
-Every choice can be overridden in :class:`~journeyman.backend.vllm.VLLMConfig`. A hub name (no
+Every choice can be overridden in :class:`~journeyman.backend.serving.vllm.VLLMConfig`. A hub name (no
 folder here) gets the hermes-compatible default.
 """
 
@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .models import TOOL_TEMPLATE
+from ..models import TOOL_TEMPLATE
 
 __all__ = ["TOOL_PARSER_PLUGIN", "ServingDefaults", "serving_defaults"]
 

@@ -102,7 +102,7 @@ def advantages(
     advantage = torch.zeros_like(rewards)
     informative = torch.zeros_like(rewards, dtype=torch.bool)
     group_std = torch.ones_like(rewards)
-    for group in groups.unique():
+    for group in groups.unique():  # type: ignore[no-untyped-call]  # torch leaves it untyped
         members = groups == group
         values = rewards[members]
         centred = values - values.mean()

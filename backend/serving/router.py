@@ -1,0 +1,292 @@
+"""Which served name answers a model name, and moving it to new adapter versions.
+
+A trainable model ``calc-agent`` is served as versioned LoRA adapters ``calc-agent@0``,
+``calc-agent@1``, ... The plain name is an alias for the current version; a versioned name asks
+for that version exactly. :meth:`Router.deploy` loads a new version, moves the alias to it only
+after the load succeeded, and unloads versions beyond the ones kept, each only once no request
+through the gateway still uses it.
+
+With ``VLLMConfig(merge_adapters=True)`` the server runs without LoRA: a deploy merges the adapter
+into the base weights (``backend/serving/merge.py``), holds new requests at the gateway, waits for the
+running ones to finish, reloads the weights in place and lets requests through again. Then one
+model is trained per server and only its current version is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from journeyman.errors import AdapterError, ConfigError, ModelUnavailableError
+from journeyman.store import validate_name
+
+from .engine import InferenceServer
+from .merge import merge_adapter
+
+__all__ = ["Deployment", "ModelUnavailableError", "Router"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Deployment:
+    """The served versions of one model name."""
+
+    name: str
+    step: int
+    """The current version's training step."""
+    served_name: str
+    """What the plain name resolves to now: ``name@step``, or the base model at step 0."""
+    adapter_dir: Path | None
+    loaded: list[tuple[int, str, Path]] = field(default_factory=list)
+    """Adapters loaded in vLLM, oldest first: (step, served name, folder)."""
+
+
+class Router:
+    """Resolves model names for the gateway and deploys adapters to the vLLM server."""
+
+    def __init__(
+        self, server: InferenceServer, *, keep_versions: int = 2, drain_timeout: float = 600.0
+    ) -> None:
+        if keep_versions < 1:
+            raise ConfigError(f"keep_versions must be at least 1 (the current version), got {keep_versions}")
+        self.server = server
+        self.keep_versions = keep_versions
+        self.drain_timeout = drain_timeout
+        self.deployments: dict[str, Deployment] = {}
+        self._in_flight: Counter[str] = Counter()
+        self._in_flight_lock = threading.Lock()  # the gateway counts on its own thread
+        self._deploy_lock = asyncio.Lock()
+        self._reloading = False
+        """True while merged weights are reloaded: the gateway holds new requests."""
+        self._merged_from: Path | None = None
+        """The adapter merged into the served weights (merge_adapters=True)."""
+
+    @property
+    def merged(self) -> bool:
+        """Adapters are merged into the served weights (``VLLMConfig.merge_adapters``)."""
+        return self.server.config.merge_adapters
+
+    @property
+    def reloading(self) -> bool:
+        """Merged weights are being reloaded (from the drain of running requests to the reload's
+        end): new requests wait at the gateway meanwhile."""
+        return self._reloading
+
+    @property
+    def base_name(self) -> str:
+        return self.server.config.served_name
+
+    def resolve(self, requested: str) -> tuple[str, int | None]:
+        """(served name, policy version) for a requested model name; unknown names pass through."""
+        if deployment := self.deployments.get(requested):
+            return deployment.served_name, deployment.step
+        name, at, step = requested.rpartition("@")
+        if at and step.isdigit() and (deployment := self.deployments.get(name)):
+            if self.merged and int(step) == deployment.step:
+                return deployment.served_name, deployment.step  # merged: only the current version
+            return requested, int(step)
+        return requested, None
+
+    def unavailable(self, requested: str) -> str | None:
+        """Why a request for ``requested`` would get other weights than its name says, else None.
+
+        With merged serving the server's own name answers with the merged weights, which are
+        no longer the base model: asking it would silently get the trained policy.
+        """
+        if self.merged and requested == self.base_name and self._merged_from is not None:
+            owner = next(iter(self.deployments), "a model")
+            return (
+                f"the base model {requested!r} is not served: this server merges {owner}'s adapter into its "
+                f"weights. Ask for {owner!r}, or serve with merge_adapters=False (--no-merge-adapters) to keep "
+                "the base model next to the adapters, e.g. for a local judge"
+            )
+        return None
+
+    def served_names(self) -> list[str]:
+        names = [] if self.unavailable(self.base_name) else [self.base_name]
+        for deployment in self.deployments.values():
+            names += [deployment.name, *(served for _, served, _ in deployment.loaded)]
+        return names
+
+    # In-flight requests (the gateway counts them) ---------------------------------------------
+
+    async def admit(self, requested: str) -> tuple[str, int | None]:
+        """Resolve a request's model name and count it in, as one step; while merged weights are
+        being reloaded, wait for them first (so the version is the one that will answer)."""
+        while True:
+            with self._in_flight_lock:
+                if not self._reloading:
+                    if problem := self.unavailable(requested):
+                        raise ModelUnavailableError(problem)
+                    served, version = self.resolve(requested)
+                    self._in_flight[served] += 1
+                    return served, version
+            await asyncio.sleep(0.01)
+
+    def end(self, served_name: str) -> None:
+        with self._in_flight_lock:
+            self._in_flight[served_name] -= 1
+            if self._in_flight[served_name] <= 0:
+                del self._in_flight[served_name]
+
+    def in_flight(self, served_name: str) -> int:
+        with self._in_flight_lock:
+            return self._in_flight.get(served_name, 0)
+
+    # Deploying ---------------------------------------------------------------------------------
+
+    async def deploy(self, name: str, adapter_dir: Path | None, step: int) -> str:
+        """Serve ``adapter_dir`` as ``name@step`` and point ``name`` at it; return the served name.
+
+        ``adapter_dir=None`` (only at step 0) serves the base model under ``name``. If the load
+        fails, :class:`AdapterError` is raised and ``name`` keeps answering with its old version;
+        if it failed because vLLM died, ``name`` points at the new version, which the server's
+        restart loads.
+        """
+        validate_name(name, "model name")
+        async with self._deploy_lock:
+            processes = self.server.pids
+            deployment = self.deployments.get(name)
+            if adapter_dir is None and step != 0:
+                raise AdapterError(
+                    f"only step 0 can serve the base model; step {step} needs an adapter folder"
+                )
+            if self.merged:
+                if deployment is None and self.deployments:
+                    raise ConfigError(
+                        f"this vLLM server merges {next(iter(self.deployments))}'s adapters into its weights; "
+                        f"{name} needs a server of its own (or merge_adapters=False to serve both as adapters)"
+                    )
+                served = self.base_name
+                try:
+                    await self._reload(adapter_dir, then=lambda: self._point(name, served, adapter_dir, step))
+                except AdapterError:
+                    if not self._died_since(processes):
+                        raise
+                    self._died_while("reloading its weights for", f"{name}@{step}")
+                    self._point(name, served, adapter_dir, step)
+                    self._merged_from = None  # the restarted server starts from the base weights
+            else:
+                if adapter_dir is None:
+                    served = self.base_name
+                else:
+                    served = f"{name}@{step}"
+                    if deployment and any(served == loaded for _, loaded, _ in deployment.loaded):
+                        raise AdapterError(
+                            f"{served} is already loaded; deploy each training step once (a same-name reload "
+                            "can serve stale weights in vLLM)"
+                        )
+                    try:
+                        await self.server.load_adapter(served, adapter_dir)
+                    except AdapterError:
+                        if not self._died_since(processes):
+                            raise
+                        self._died_while("loading", served)
+                deployment = self._point(name, served, adapter_dir, step)
+                if adapter_dir is not None:
+                    deployment.loaded.append((step, served, Path(adapter_dir)))
+                await self._unload_old(deployment)
+            if self.merged and adapter_dir is not None:  # the server's own name, with the step merged in
+                logger.info("%s now answers with step %d merged into %s's weights", name, step, served)
+            else:
+                logger.info("%s now answers as %s", name, served)
+            return served
+
+    def _point(self, name: str, served: str, adapter_dir: Path | None, step: int) -> Deployment:
+        """Make ``name`` answer as ``served`` at ``step``."""
+        deployment = self.deployments.get(name)
+        if deployment is None:
+            deployment = self.deployments[name] = Deployment(name, step, served, adapter_dir)
+        deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
+        return deployment
+
+    def _died_since(self, processes: tuple[int | None, ...]) -> bool:
+        """A server process died (or was already replaced by the watchdog) since ``processes``."""
+        return self.server.exit_code() is not None or self.server.pids != processes
+
+    def _died_while(self, doing: str, served: str) -> None:
+        """vLLM died under a deploy: the step is kept, and the restart (LocalBackend's watchdog, or
+        :meth:`restart_server`) serves it with the other kept versions. Nothing is lost, so the
+        deploy does not fail; requests meanwhile get the gateway's "not running" answer."""
+        logger.warning(
+            "vLLM died while %s %s (exit code %s); %s is served once vLLM is restarted",
+            doing, served, self.server.exit_code(), served,
+        )  # fmt: skip
+
+    async def _unload_old(self, deployment: Deployment) -> None:
+        if self.server.exit_code() is not None:
+            return  # a dead server holds nothing; its restart loads only what is kept
+        while len(deployment.loaded) > self.keep_versions:
+            _, served, _ = deployment.loaded[0]
+            if served == deployment.served_name:
+                break
+            deadline = time.monotonic() + self.drain_timeout
+            while self.in_flight(served) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # requests already running keep their adapter
+            if self.in_flight(served):
+                logger.warning(
+                    "%s still has requests after %.0f s; unloading it anyway", served, self.drain_timeout
+                )
+            await self.server.unload_adapter(served)
+            deployment.loaded.pop(0)
+            logger.info("unloaded %s", served)
+
+    async def _reload(self, adapter_dir: Path | None, then: Callable[[], object] = lambda: None) -> None:
+        """Serve the base weights merged with ``adapter_dir`` (None: the base weights alone).
+
+        New requests wait at the gateway and running ones finish first, so every request is
+        answered by one set of weights; ``then`` runs before requests are let through again.
+        """
+        if adapter_dir is None and self._merged_from is None:
+            then()  # the server still has the base weights
+            return
+        with tempfile.TemporaryDirectory(prefix="journeyman-merged-") as tmp:
+            folder = Path(self.server.config.model) if adapter_dir is None else Path(tmp)
+            if adapter_dir is not None:
+                await asyncio.to_thread(
+                    merge_adapter, Path(self.server.config.model), Path(adapter_dir), folder
+                )
+            with self._in_flight_lock:
+                self._reloading = True
+            try:
+                deadline = time.monotonic() + self.drain_timeout
+                while self._in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)  # running requests finish on the weights they started with
+                if self._in_flight:
+                    logger.warning(
+                        "requests still running after %.0f s; reloading anyway", self.drain_timeout
+                    )
+                await self.server.reload_weights(folder)
+                self._merged_from = adapter_dir
+                then()
+            finally:
+                with self._in_flight_lock:
+                    self._reloading = False
+
+    async def redeploy(self) -> None:
+        """Load every kept adapter again (after the vLLM server was restarted)."""
+        async with self._deploy_lock:
+            for deployment in self.deployments.values():
+                if self.merged:
+                    self._merged_from = None  # a restarted server loads the base weights
+                    await self._reload(deployment.adapter_dir)
+                del deployment.loaded[: -self.keep_versions]  # more if a deploy met a dead server
+                for _, served, folder in deployment.loaded:
+                    await self.server.load_adapter(served, folder)
+
+    async def restart_server(self) -> None:
+        """Restart a vLLM server that died and load the kept adapters again."""
+        code = self.server.exit_code()
+        logger.warning("vLLM is down (exit code %s); restarting it", code)
+        self.server.stop()
+        self.server.launch()  # from this thread: the server lives as long as the caller's thread
+        await asyncio.to_thread(self.server.wait_healthy)
+        await self.redeploy()
