@@ -46,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, get_args
 
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge, JudgeCallError
@@ -221,15 +221,18 @@ class _InvalidAnswer(ValueError):
     """The judge answered, but not with one valid score per id."""
 
 
+class JudgeOptions(TypedDict, total=False):
+    """How :func:`judge_trajectories` judges (its arguments, each with its default there)."""
+
+    rubric: str | None
+    tools: Sequence[Tool | dict[str, Any]] | None
+    method: Method
+    criteria: Sequence[str] | None
+    reference: bool
+
+
 async def ruler(
-    trajectories: Sequence[TrajectoryLike],
-    *,
-    judge: Judge,
-    rubric: str | None = None,
-    tools: Sequence[Tool | dict[str, Any]] | None = None,
-    method: Method = "scores",
-    criteria: Sequence[str] | None = None,
-    reference: bool = False,
+    trajectories: Sequence[TrajectoryLike], *, judge: Judge, **options: Unpack[JudgeOptions]
 ) -> list[Score]:
     """Score trajectories of the same task side by side; one :class:`Score` each, in order.
 
@@ -244,10 +247,7 @@ async def ruler(
     helps a judge that can solve the task asked plainly but misses mistakes inside a transcript.
     Raises :class:`JudgeError` when the judge gives no valid scores after its retries.
     """
-    judgement = await judge_trajectories(
-        trajectories, judge=judge, rubric=rubric, tools=tools, method=method, criteria=criteria,
-        reference=reference,
-    )  # fmt: skip
+    judgement = await judge_trajectories(trajectories, judge=judge, **options)
     return judgement.scores
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -39,6 +39,7 @@ __all__ = [
     "RecordSource",
     "ToolRun",
     "Tracer",
+    "TracerOptions",
     "build_trajectory",
     "fill_trajectory",
     "gateway_records",
@@ -209,6 +210,13 @@ def join_each(calls: Iterable[Call], source_of: Callable[[Call], RecordSource | 
         source = source_of(call)
         groups.setdefault(id(source), (source, []))[1].append(call)
     return sum(join_records(group, source) for source, group in groups.values())
+
+
+class TracerOptions(TypedDict, total=False):
+    """What every tracer takes besides ``records`` (see :class:`Tracer`)."""
+
+    api_key: str | None
+    raise_error: bool
 
 
 class Tracer:

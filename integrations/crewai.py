@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.messages import AssistantMessage
 from journeyman.trajectory import Trajectory
 
-from .capture import Call, RecordSource, ToolRun, Tracer, logger
+from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions, logger
 
 try:
     from crewai.events import (
@@ -60,12 +60,11 @@ class CrewTracer(Tracer):
         self,
         records: RecordSource | str | None = None,
         *,
-        api_key: str | None = None,
         crew: Any = None,
-        raise_error: bool = False,
         flush_timeout: float = 30.0,
+        **options: Unpack[TracerOptions],
     ) -> None:
-        super().__init__(records, api_key=api_key, raise_error=raise_error)
+        super().__init__(records, **options)
         self._agents = {str(agent.id) for agent in crew.agents} if crew is not None else None
         self._flush_timeout = flush_timeout
         self._calls: dict[str, Call] = {}

@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
 from journeyman.messages import ModelTurn, ToolMessage
@@ -240,28 +240,26 @@ class LangfuseExporter:
             )
 
 
+class ExportOptions(TypedDict, total=False):
+    """Where exported traces are filed (see :class:`LangfuseExporter`)."""
+
+    project: str | None
+    model: str | None
+    session_id: str | None
+    tags: Sequence[str]
+    check_connection: bool
+
+
 def export_group(
     group: TrajectoryGroup,
     client: Langfuse | None = None,
     *,
-    project: str | None = None,
-    model: str | None = None,
-    session_id: str | None = None,
     step: int | None = None,
     split: str | None = None,
-    tags: Sequence[str] = (),
-    check_connection: bool = True,
+    **options: Unpack[ExportOptions],
 ) -> list[str]:
     """Export a group's trajectories as traces; returns the trace ids (see :class:`LangfuseExporter`)."""
-    exporter = LangfuseExporter(
-        client,
-        project=project,
-        model=model,
-        session_id=session_id,
-        tags=tags,
-        check_connection=check_connection,
-    )
-    return exporter.export_group(group, step=step, split=split)
+    return LangfuseExporter(client, **options).export_group(group, step=step, split=split)
 
 
 def export_trajectories(
@@ -269,23 +267,12 @@ def export_trajectories(
     client: Langfuse | None = None,
     *,
     group_id: str | None = None,
-    project: str | None = None,
-    model: str | None = None,
-    session_id: str | None = None,
     step: int | None = None,
     split: str | None = None,
-    tags: Sequence[str] = (),
-    check_connection: bool = True,
+    **options: Unpack[ExportOptions],
 ) -> list[str]:
     """Export trajectories as traces; returns the trace ids (see :class:`LangfuseExporter`)."""
-    exporter = LangfuseExporter(
-        client,
-        project=project,
-        model=model,
-        session_id=session_id,
-        tags=tags,
-        check_connection=check_connection,
-    )
+    exporter = LangfuseExporter(client, **options)
     return exporter.export_trajectories(trajectories, group_id=group_id, step=step, split=split)
 
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 from uuid import UUID
 
 from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.trajectory import Trajectory
 
-from .capture import Call, RecordSource, ToolRun, Tracer
+from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -93,14 +93,8 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
 
     run_inline = True  # cheap handlers: run them in the caller's thread, in event order
 
-    def __init__(
-        self,
-        records: RecordSource | str | None = None,
-        *,
-        api_key: str | None = None,
-        raise_error: bool = False,
-    ) -> None:
-        super().__init__(records, api_key=api_key, raise_error=raise_error)
+    def __init__(self, records: RecordSource | str | None = None, **options: Unpack[TracerOptions]) -> None:
+        super().__init__(records, **options)
         self.trajectories: list[Trajectory] = []
         """Finished trajectories, in the order their runs ended."""
         self._by_run: dict[UUID, Trajectory] = {}
