@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-import httpx
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from journeyman.errors import InvalidDataError
 from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
-from journeyman.records import TOOL_CALL_FORMS, CompletionRecord, RecordSource, in_process_records
+from journeyman.records import TOOL_CALL_FORMS, CompletionRecord, RecordSource
 from journeyman.trajectory import History, Trajectory, format_validation_error
+
+from ._gateway_records import HttpRecords, gateway_records, gateway_root, http_records
 
 __all__ = [
     "Call",
@@ -50,102 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("journeyman.integrations")
-
-
-_ROLLOUT_SUFFIX = re.compile(r"(/r/[^/]+)?/v1/?$")
-
-
-def gateway_root(base_url: str) -> str:
-    """``http://host:port`` from an OpenAI base URL of the gateway (``.../v1`` or ``.../r/<id>/v1``)."""
-    return _ROLLOUT_SUFFIX.sub("", base_url.rstrip("/"))
-
-
-class HttpRecords:
-    """Records read from a gateway over HTTP, on one kept-alive client.
-
-    ``get`` asks ``GET /records/<completion_id>``; ``get_many`` asks for up to 50 records in one
-    ``GET /records?completion_id=...`` (one request per id from a gateway that predates it). An
-    endpoint that answers like no journeyman gateway (a 404 without the gateway's error, a 401)
-    is asked once: later lookups return nothing without a request.
-    """
-
-    batch = 50
-
-    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
-        self.root = gateway_root(base_url)
-        self.is_gateway: bool | None = None
-        """None until the first answer; False for an endpoint that is not a journeyman gateway."""
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.root, headers=headers, timeout=timeout)
-
-    def get(self, completion_id: str) -> CompletionRecord | None:
-        if self.is_gateway is False:
-            return None
-        response = self._client.get(f"/records/{completion_id}")
-        if response.status_code == 200:
-            self.is_gateway = True
-            return CompletionRecord.model_validate_json(response.content)
-        if response.status_code == 404 and b'"not_found"' in response.content:
-            self.is_gateway = True
-            return None
-        self._refused(response)
-        return None
-
-    def get_many(self, completion_ids: Sequence[str]) -> dict[str, CompletionRecord]:
-        """The records found for these ids, by id."""
-        found: dict[str, CompletionRecord] = {}
-        for start in range(0, len(completion_ids), self.batch):
-            if self.is_gateway is False:
-                break
-            chunk = list(completion_ids[start : start + self.batch])
-            response = self._client.get("/records", params={"completion_id": chunk})
-            if response.status_code == 200:
-                self.is_gateway = True
-                records = _RECORD_LIST.validate_json(response.content)["records"]
-                found.update((r.completion_id, r) for r in records)
-            elif response.status_code == 400:  # a gateway that only lists by ?rollout_id=
-                found.update((i, r) for i in chunk if (r := self.get(i)) is not None)
-            else:
-                self._refused(response)
-        return found
-
-    def _refused(self, response: httpx.Response) -> None:
-        if response.status_code in (401, 403):
-            self.is_gateway = False
-            logger.warning(
-                "%s refused to hand out completion records (%d): calls to it are kept without token ids. "
-                "If it is `journeyman serve` with a token, give the tracer api_key=<that token>",
-                self.root,
-                response.status_code,
-            )
-        elif response.status_code in (404, 405):
-            self.is_gateway = False
-            logger.info("%s is not a journeyman gateway: its calls are kept without token ids", self.root)
-        else:
-            response.raise_for_status()
-
-    def close(self) -> None:
-        self._client.close()
-
-
-_RECORD_LIST = TypeAdapter(dict[str, list[CompletionRecord]])
-_shared: dict[tuple[str, str | None], HttpRecords] = {}
-_shared_lock = threading.Lock()
-
-
-def http_records(base_url: str, api_key: str | None = None) -> HttpRecords:
-    """The process-wide :class:`HttpRecords` for a gateway (tracers made per run share its connections)."""
-    key = (gateway_root(base_url), api_key)
-    with _shared_lock:
-        if key not in _shared:
-            _shared[key] = HttpRecords(base_url, api_key)
-        return _shared[key]
-
-
-def gateway_records(base_url: str, api_key: str | None = None) -> RecordSource:
-    """Where to read a gateway's records: its ``RecordLog`` when it runs in this process, else HTTP."""
-    local = in_process_records(gateway_root(base_url))  # not `or`: an empty RecordLog is falsy
-    return local if local is not None else http_records(base_url, api_key)
 
 
 @dataclass
@@ -324,85 +228,109 @@ def build_trajectory(
     ``tool_calls_bare`` and ``tool_calls_fenced``: how the model wrote its tool calls (the
     records' ``tool_call_forms``), for a reward that prefers the chat template's tagged form.
     """
-    trajectory = trajectory if trajectory is not None else Trajectory()
-    histories: list[History] = []
-    keys: list[list[tuple[Any, ...]]] = []
-    metrics = {
-        "llm_calls": 0,
-        "token_exact_calls": 0,
-        "calls_without_tokens": 0,
-        "llm_errors": 0,
-        "invalid_messages": 0,
-        "invalid_tool_calls": 0,
-        **{f"tool_calls_{form}": 0 for form in TOOL_CALL_FORMS},  # how the model wrote its calls
-    }  # every count present (0 too), so averages over trajectories are rates
-    versions: list[int] = []
+    chain = _Chain(trajectory if trajectory is not None else Trajectory())
     for number, call in enumerate(sorted(calls, key=lambda c: c.started)):
-        record = call.record
-        if call.reply is None and record is None:
-            metrics["llm_errors"] += 1
-            trajectory.log(f"model call {number} ({call.name or 'unnamed'}) failed: {call.error}")
-            continue
-        metrics["llm_calls"] += 1
-        if record is not None and record.choices:
-            messages = record.messages if record.messages is not None else call.messages
-            tools = record.tools if record.tools is not None else call.tools
-            turn = record.model_turn()
-            if record.policy_version is not None:
-                versions.append(record.policy_version)
-            if invalid := record.choices[0].invalid_tool_calls:
-                metrics["invalid_tool_calls"] += len(invalid)
-                trajectory.log(
-                    f"model call {number}: {len(invalid)} tool call(s) with arguments that are not a JSON "
-                    f"object were returned as text: {[c.function.arguments for c in invalid]}"
-                )
-            for form in record.choices[0].tool_call_forms or []:
-                if form is not None:
-                    metrics[f"tool_calls_{form}"] += 1
-        else:
-            messages, tools = call.messages, call.tools
-            turn = _untracked_turn(call)
-            trajectory.log(
-                f"model call {number} ({call.name or 'unnamed'}) has no gateway record "
-                f"(completion id {call.completion_id}): messages only, no token ids"
-            )
-        if turn.is_token_exact:
-            metrics["token_exact_calls"] += 1
-        else:
-            metrics["calls_without_tokens"] += 1
+        chain.add(number, call)
+    return chain.finish(tool_runs)
+
+
+class _Chain:
+    """The histories :func:`build_trajectory` makes, call by call: each call extends the history
+    whose messages it continues (the longest such), or starts another."""
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+        self.histories: list[History] = []
+        self.keys: list[list[tuple[Any, ...]]] = []  # what each history holds, as _key()s
+        self.versions: list[int] = []
+        self.metrics = {
+            "llm_calls": 0,
+            "token_exact_calls": 0,
+            "calls_without_tokens": 0,
+            "llm_errors": 0,
+            "invalid_messages": 0,
+            "invalid_tool_calls": 0,
+            **{f"tool_calls_{form}": 0 for form in TOOL_CALL_FORMS},  # how the model wrote its calls
+        }  # every count present (0 too), so averages over trajectories are rates
+
+    def add(self, number: int, call: Call) -> None:
+        if call.reply is None and call.record is None:
+            self.metrics["llm_errors"] += 1
+            self.trajectory.log(f"model call {number} ({call.name or 'unnamed'}) failed: {call.error}")
+            return
+        self.metrics["llm_calls"] += 1
+        messages, tools, turn = self._turn(number, call)
+        self.metrics["token_exact_calls" if turn.is_token_exact else "calls_without_tokens"] += 1
         key = [_key(m) for m in messages]
-        best: int | None = None
-        for index, known in enumerate(keys):
-            if key[: len(known)] == known and (best is None or len(known) > len(keys[best])):
-                best = index
+        best = self._continued(key)
         if best is None:
-            histories.append(History(name=call.name, tools=_tools(tools)))
-            keys.append([])
-            best = len(histories) - 1
-        history = histories[best]
-        for message in messages[len(keys[best]) :]:
+            self.histories.append(History(name=call.name, tools=_tools(tools)))
+            self.keys.append([])
+            best = len(self.histories) - 1
+        history = self.histories[best]
+        for message in messages[len(self.keys[best]) :]:
             try:
                 history.add(message)
             except InvalidDataError as error:  # kept out, not fatal: the rest is still worth having
-                metrics["invalid_messages"] += 1
-                trajectory.log(f"model call {number}: a message was left out: {error}")
+                self.metrics["invalid_messages"] += 1
+                self.trajectory.log(f"model call {number}: a message was left out: {error}")
         history.add(turn)
         if history.tools is None and tools:
             history.tools = _tools(tools)
-        keys[best] = [*key, _key(_dump(turn.message))]
+        self.keys[best] = [*key, _key(_dump(turn.message))]
 
-    tool_metrics = _add_tool_results(histories, keys, tool_runs, trajectory)
-    if histories:
-        main, *rest = histories
-        trajectory.name = trajectory.name or main.name
-        trajectory.conversation = main.conversation
-        trajectory.tools = main.tools
-        trajectory.additional_histories = rest
-    if versions:
-        trajectory.initial_policy_version, trajectory.final_policy_version = versions[0], versions[-1]
-    trajectory.metrics.update(metrics)
-    trajectory.metrics.update(tool_metrics)
-    return trajectory
+    def _turn(
+        self, number: int, call: Call
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, ModelTurn]:
+        """The messages the call sent, its tools and its model turn: the gateway's record where
+        there is one (token-exact), else what the framework saw."""
+        record = call.record
+        if record is None or not record.choices:
+            self.trajectory.log(
+                f"model call {number} ({call.name or 'unnamed'}) has no gateway record "
+                f"(completion id {call.completion_id}): messages only, no token ids"
+            )
+            return call.messages, call.tools, _untracked_turn(call)
+        if record.policy_version is not None:
+            self.versions.append(record.policy_version)
+        if invalid := record.choices[0].invalid_tool_calls:
+            self.metrics["invalid_tool_calls"] += len(invalid)
+            self.trajectory.log(
+                f"model call {number}: {len(invalid)} tool call(s) with arguments that are not a JSON "
+                f"object were returned as text: {[c.function.arguments for c in invalid]}"
+            )
+        for form in record.choices[0].tool_call_forms or []:
+            if form is not None:
+                self.metrics[f"tool_calls_{form}"] += 1
+        messages = record.messages if record.messages is not None else call.messages
+        tools = record.tools if record.tools is not None else call.tools
+        return messages, tools, record.model_turn()
+
+    def _continued(self, key: list[tuple[Any, ...]]) -> int | None:
+        """The history whose messages ``key`` starts with (the longest), if any."""
+        best: int | None = None
+        for index, known in enumerate(self.keys):
+            if key[: len(known)] == known and (best is None or len(known) > len(self.keys[best])):
+                best = index
+        return best
+
+    def finish(self, tool_runs: Iterable[ToolRun]) -> Trajectory:
+        trajectory = self.trajectory
+        tool_metrics = _add_tool_results(self.histories, self.keys, tool_runs, trajectory)
+        if self.histories:
+            main, *rest = self.histories
+            trajectory.name = trajectory.name or main.name
+            trajectory.conversation = main.conversation
+            trajectory.tools = main.tools
+            trajectory.additional_histories = rest
+        if self.versions:
+            trajectory.initial_policy_version, trajectory.final_policy_version = (
+                self.versions[0],
+                self.versions[-1],
+            )
+        trajectory.metrics.update(self.metrics)
+        trajectory.metrics.update(tool_metrics)
+        return trajectory
 
 
 def _tools(tools: list[dict[str, Any]] | None) -> Any:

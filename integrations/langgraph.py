@@ -150,6 +150,16 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
         root = self._root_of.get(run_id)
         return self._active.get(root) if root is not None else None
 
+    def _call(self, run_id: UUID) -> Call | None:
+        with self._lock:
+            run = self._run(run_id)
+            return run.calls.get(run_id) if run is not None else None
+
+    def _tool(self, run_id: UUID) -> ToolRun | None:
+        with self._lock:
+            run = self._run(run_id)
+            return run.tools.get(run_id) if run is not None else None
+
     def _end(self, run_id: UUID, error: BaseException | None = None) -> None:
         """Finish the trajectory when ``run_id`` is a root run."""
         with self._lock:
@@ -217,9 +227,7 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
 
     @_guarded
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            run = self._run(run_id)
-            call = run.calls.get(run_id) if run is not None else None
+        call = self._call(run_id)
         if call is not None and response.generations and response.generations[0]:
             generation = response.generations[0][0]
             if isinstance(generation, ChatGeneration):
@@ -237,9 +245,7 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
 
     @_guarded
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            run = self._run(run_id)
-            call = run.calls.get(run_id) if run is not None else None
+        call = self._call(run_id)
         if call is not None:
             call.error = f"{type(error).__name__}: {error}"
         self._end(run_id, error)
@@ -265,9 +271,7 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
 
     @_guarded
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            run = self._run(run_id)
-            tool = run.tools.get(run_id) if run is not None else None
+        tool = self._tool(run_id)
         if tool is not None:
             content = getattr(output, "content", output)
             tool.output = content if isinstance(content, str) else str(content)
@@ -277,9 +281,7 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
 
     @_guarded
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            run = self._run(run_id)
-            tool = run.tools.get(run_id) if run is not None else None
+        tool = self._tool(run_id)
         if tool is not None:
             tool.error = f"{type(error).__name__}: {error}"
         self._end(run_id, error)

@@ -43,7 +43,7 @@ def _give_memory_back(request: pytest.FixtureRequest) -> Iterator[None]:
     glibc keeps it otherwise, and the run's vLLM servers and the 0.5B trainer need it (24 GiB)."""
     yield
     if request.node.get_closest_marker("unit") is None:
-        from journeyman.backend.training.trainer import release_memory
+        from journeyman.backend.training.memory import release_memory
 
         gc.collect()
         release_memory()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, cast, get_args
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -15,23 +14,17 @@ from rich.table import Table
 
 from journeyman.config import LossType
 from journeyman.errors import JourneymanError
-from journeyman.messages import content_text
-from journeyman.store import CHECKPOINT_STATE, ModelStore
 
 from ..models import EMBEDDED_MODELS, prepare_model, prepared_folder
-from .plots import plot_history
+from .cli_runs import Root, checkpoints_app, judge_app, plot, trajectories_app
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: list and prepare the embedded ones.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-checkpoints_app = typer.Typer(help="A model's checkpoints: list, prune.", no_args_is_help=True)
 app.add_typer(checkpoints_app, name="checkpoints")
-trajectories_app = typer.Typer(help="Stored trajectories: show them readably.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
-judge_app = typer.Typer(help="LLM judges: calibrate one on stored groups.", no_args_is_help=True)
 app.add_typer(judge_app, name="judge")
-
-Root = Annotated[Path | None, typer.Option(help="Store root (default: $JOURNEYMAN_ROOT or ./.journeyman).")]
+app.command("plot")(plot)
 
 
 @model_app.command("prepare")
@@ -285,205 +278,6 @@ def demo(
         worked_share=worked_share,
     )  # fmt: skip
     run_demo(config)
-
-
-@checkpoints_app.command("list")
-def checkpoints_list(project: str, model: str, root: Root = None) -> None:
-    """Steps with a complete checkpoint, their size and the metrics they were saved with."""
-    store = ModelStore(project, model, root=root)
-    table = Table("step", "size MB", "reward/mean", "train/loss")
-    for step in store.checkpoint_steps():
-        folder = store.checkpoint_path(step)
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
-        state = folder / CHECKPOINT_STATE
-        metrics = json.loads(state.read_text()).get("metrics", {}) if state.is_file() else {}
-        table.add_row(
-            str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss"))
-        )
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
-
-
-@checkpoints_app.command("prune")
-def checkpoints_prune(
-    project: str,
-    model: str,
-    best_metric: Annotated[
-        str, typer.Option(help="History metric that picks the best step to keep.")
-    ] = "val/reward",
-    lower_is_better: Annotated[
-        bool, typer.Option(help="Keep the step with the lowest value instead.")
-    ] = False,
-    root: Root = None,
-) -> None:
-    """Delete every checkpoint but the latest and the best."""
-    store = ModelStore(project, model, root=root)
-    deleted = store.prune_checkpoints(best_metric, higher_is_better=not lower_is_better)
-    typer.echo(f"deleted steps {deleted}; kept {store.checkpoint_steps()}")
-
-
-@app.command("plot")
-def plot(
-    project: str,
-    model: str,
-    out: Annotated[
-        Path | None, typer.Option(help="PNG to write (default: <model folder>/curves.png).")
-    ] = None,
-    root: Root = None,
-) -> None:
-    """Reward and loss per step from history.jsonl, as a PNG."""
-    store = ModelStore(project, model, root=root)
-    path = plot_history(store.read_history(), out or store.path / "curves.png", title=f"{project}/{model}")
-    typer.echo(str(path))
-
-
-@trajectories_app.command("show")
-def trajectories_show(
-    project: str,
-    model: str,
-    split: Annotated[str, typer.Option(help="train, val, ...")] = "train",
-    step: Annotated[int | None, typer.Option(help="Step (default: the latest stored).")] = None,
-    limit: Annotated[int, typer.Option(help="Trajectories to show.")] = 3,
-    root: Root = None,
-) -> None:
-    """Print stored trajectories as readable conversations."""
-    store = ModelStore(project, model, root=root)
-    chosen = _stored_steps(store, split)[-1] if step is None else step
-    console = Console()
-    shown = 0
-    for index, group in enumerate(store.load_groups(split, chosen)):
-        for trajectory in group:
-            if shown == limit:
-                return
-            shown += 1
-            console.rule(f"step {chosen} · group {index} · reward {_fmt(trajectory.reward)}")
-            for message in trajectory.messages:
-                text = content_text(message.content) if message.content is not None else ""
-                calls = getattr(message, "tool_calls", None) or []
-                for call in calls:
-                    text += f"\n→ {call.function.name}({call.function.arguments})"
-                console.print(f"[bold]{message.role}[/bold]: {escape(text)}")
-            for line in trajectory.logs:
-                console.print(f"[dim]log: {escape(line)}[/dim]")
-        for failure in group.failures:
-            console.print(f"[red]failure ({failure.stage}): {failure.type}: {escape(failure.message)}[/red]")
-
-
-@judge_app.command("calibrate")
-def judge_calibrate(
-    project: str,
-    model: str,
-    judge_model: Annotated[str, typer.Option(help="The judge's model name at --judge-base-url.")],
-    judge_base_url: Annotated[
-        str,
-        typer.Option(
-            help="OpenAI-compatible endpoint of the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."
-        ),
-    ],
-    split: Annotated[str, typer.Option(help="train, val, ...")] = "train",
-    step: Annotated[
-        list[int] | None, typer.Option(help="Step to read (repeatable; default: every stored step).")
-    ] = None,
-    max_groups: Annotated[int | None, typer.Option(help="Calibrate on at most this many groups.")] = None,
-    method: Annotated[
-        str,
-        typer.Option(
-            help="scores (RULER: the group in one prompt), verdict (P(yes) per trajectory) or pairwise "
-            "(every pair in both orders)."
-        ),
-    ] = "scores",
-    orders: Annotated[
-        int | None,
-        typer.Option(help="Presentations of each group, each in another order (default: 3, verdict 1)."),
-    ] = None,
-    labels: Annotated[
-        Path | None,
-        typer.Option(
-            help='JSONL of {"trajectory_id": ..., "reward": ...}: the truth instead of the stored rewards.'
-        ),
-    ] = None,
-    rubric: Annotated[
-        Path | None, typer.Option(help="A file holding the rubric (default: the method's own).")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="JSON report (default: <model folder>/calibration/<judge>.json).")
-    ] = None,
-    reference: Annotated[
-        bool,
-        typer.Option(
-            help="The judge first writes how each task should be done, then checks the attempts against it."
-        ),
-    ] = False,
-    fail_at_chance: Annotated[
-        bool, typer.Option(help="Exit with status 2 when the judge ranks no better than chance.")
-    ] = False,
-    root: Root = None,
-) -> None:
-    """How well a judge ranks stored groups against their known rewards (or your labels)."""
-    import asyncio
-    import os
-
-    import journeyman as jm
-    from journeyman.calibration import known_reward
-    from journeyman.ruler import Method
-
-    if method not in get_args(Method):
-        raise typer.BadParameter(f"--method must be scores, verdict or pairwise, got {method!r}")
-    store = ModelStore(project, model, root=root)
-    steps = step or _stored_steps(store, split)
-    groups = [group for chosen in steps for group in store.load_groups(split, chosen)][:max_groups]
-    given = _read_labels(labels) if labels is not None else None
-
-    def truth(trajectory: jm.Trajectory) -> float | None:
-        return known_reward(trajectory) if given is None else given.get(trajectory.id)
-
-    key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    text = rubric.read_text() if rubric is not None else None
-
-    async def calibrate() -> jm.Calibration:
-        judge = jm.Judge(
-            judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache"
-        )
-        async with judge:
-            return await jm.calibrate_judge(
-                groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth,
-                reference=reference,
-            )  # fmt: skip
-
-    with Console(stderr=True).status(f"judging {len(groups)} groups with {judge_model} ({method})"):
-        report = asyncio.run(calibrate())
-    typer.echo(report.table())
-    path = report.save(out or store.path / "calibration" / f"{judge_model.replace('/', '_')}.json")
-    typer.echo(f"report: {path}")
-    if fail_at_chance and not report.better_than_chance():
-        raise typer.Exit(2)
-
-
-def _stored_steps(store: ModelStore, split: str) -> list[int]:
-    """The steps with stored trajectories for ``split``; an error when there are none."""
-    steps = store.steps(split)
-    if not steps:
-        raise JourneymanError(f"no trajectories stored for split {split!r} in {store.path}")
-    return steps
-
-
-def _read_labels(path: Path) -> dict[str, float]:
-    """Trajectory id -> reward, from a JSONL file; an error names the line that is wrong."""
-    labels = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            labels[str(row["trajectory_id"])] = float(row["reward"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise JourneymanError(
-                f'{path}, line {number}: expected {{"trajectory_id": "...", "reward": <number>}} ({error!r})'
-            ) from None
-    return labels
-
-
-def _fmt(value: object) -> str:
-    return f"{value:.3f}" if isinstance(value, int | float) else "-"
 
 
 def main() -> None:

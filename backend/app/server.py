@@ -184,29 +184,41 @@ def _step(text: str) -> int:
     return int(text)
 
 
-def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int = MAX_BODY_BYTES) -> ASGIApp:
-    """The server's ASGI app around ``backend`` (whose gateway answers under /v1)."""
-    models: dict[tuple[str, str], TrainableModel] = {}
+class _Api:
+    """The model routes of the server: register, step, train, checkpoints."""
 
-    def model_of(request: Request) -> TrainableModel:
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+        self.models: dict[tuple[str, str], TrainableModel] = {}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/api/models", _json_body(self.register), methods=["POST"]),
+            Route("/api/models/{project}/{name}/step", self.step, methods=["GET"]),
+            Route("/api/models/{project}/{name}/train", _json_body(self.train), methods=["POST"]),
+            Route("/api/models/{project}/{name}/checkpoints", self.checkpoints, methods=["GET", "DELETE"]),
+            deployment_route(self.backend),  # adapters pushed by a trainer on another machine
+        ]
+
+    def model_of(self, request: Request) -> TrainableModel:
         project = validate_name(request.path_params["project"], "project name")
         name = validate_name(request.path_params["name"], "model name")
-        if (project, name) not in models:
+        if (project, name) not in self.models:
             raise _NotRegistered(f"model {project}/{name} is not registered: POST /api/models first")
-        return models[(project, name)]
+        return self.models[(project, name)]
 
-    def lookup(request: Request) -> TrainableModel | Response:
+    def lookup(self, request: Request) -> TrainableModel | Response:
         """The model named in the path, or the error response: 400 for a bad name, 404 if unknown."""
         try:
-            return model_of(request)
+            return self.model_of(request)
         except ConfigError as error:
             return _error(404 if isinstance(error, _NotRegistered) else 400, str(error), "not_found")
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    @_json_body
-    async def register(request: Request, body: dict[str, Any]) -> Response:
+    async def register(self, request: Request, body: dict[str, Any]) -> Response:
         for key in ("name", "project", "base_model"):
             if not isinstance(body.get(key), str):
                 raise InvalidDataError(f"'{key}' must be a string")
@@ -215,47 +227,49 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
             project=body["project"],
             base_model=body["base_model"],
             lora=body.get("lora") or LoRAConfig(),
-            root=backend.root,
+            root=self.backend.root,
         )
-        registration = await backend.register(model)
-        models[(model.project, model.name)] = model
-        base = f"{str(request.base_url).rstrip('/')}/v1" if backend.inference else registration.base_url
+        registration = await self.backend.register(model)
+        self.models[(model.project, model.name)] = model
+        here = f"{str(request.base_url).rstrip('/')}/v1"
+        base = here if self.backend.inference else registration.base_url
         return JSONResponse({"base_url": base, "step": registration.step})  # rollouts go there
 
-    async def step(request: Request) -> Response:
-        model = lookup(request)
+    async def step(self, request: Request) -> Response:
+        model = self.lookup(request)
         if isinstance(model, Response):
             return model
-        return JSONResponse({"step": await backend.get_step(model)})
+        return JSONResponse({"step": await self.backend.get_step(model)})
 
-    @_json_body
-    async def train(request: Request, body: dict[str, Any]) -> Response:
-        model = model_of(request)
+    async def train(self, request: Request, body: dict[str, Any]) -> Response:
+        model = self.model_of(request)
         groups = [TrajectoryGroup.model_validate(group) for group in body.get("groups") or []]
         if not groups:
             raise InvalidDataError("'groups' must be a non-empty list of trajectory groups")
         config = TrainConfig.model_validate(body.get("config") or {})
-        return StreamingResponse(
-            _train_events(backend, model, groups, config), media_type="application/x-ndjson"
-        )
+        events = _train_events(self.backend, model, groups, config)
+        return StreamingResponse(events, media_type="application/x-ndjson")
 
-    async def checkpoints(request: Request) -> Response:
-        model = lookup(request)
+    async def checkpoints(self, request: Request) -> Response:
+        model = self.lookup(request)
         if isinstance(model, Response):
             return model
         if request.method == "GET":
             return JSONResponse({"steps": model.store.checkpoint_steps()})
         metric = request.query_params.get("best_metric") or None
-        return JSONResponse({"deleted": await backend.delete_checkpoints(model, metric)})
+        return JSONResponse({"deleted": await self.backend.delete_checkpoints(model, metric)})
 
-    routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/api/models", register, methods=["POST"]),
-        Route("/api/models/{project}/{name}/step", step, methods=["GET"]),
-        Route("/api/models/{project}/{name}/train", train, methods=["POST"]),
-        Route("/api/models/{project}/{name}/checkpoints", checkpoints, methods=["GET", "DELETE"]),
-        deployment_route(backend),  # adapters pushed by a trainer on another machine
-    ]
+
+async def _not_found(request: Request, error: Exception) -> Response:
+    return _error(404, f"no such endpoint: {request.method} {request.url.path}", "not_found")
+
+
+async def _not_allowed(request: Request, error: Exception) -> Response:
+    return _error(405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+
+
+def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int = MAX_BODY_BYTES) -> ASGIApp:
+    """The server's ASGI app around ``backend`` (whose gateway answers under /v1)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -264,13 +278,11 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         finally:
             await backend.close()  # stops vLLM with the server
 
-    async def not_found(request: Request, error: Exception) -> Response:
-        return _error(404, f"no such endpoint: {request.method} {request.url.path}", "not_found")
-
-    async def not_allowed(request: Request, error: Exception) -> Response:
-        return _error(405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
-
-    api = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+    api = Starlette(
+        routes=_Api(backend).routes(),
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         """/v1, /r/... and /records go to the capture gateway, the rest to the API."""

@@ -43,7 +43,9 @@ from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
 from .batch import Row, TrainSequence, pack
-from .trainer import StepResult, StepTotals, Trainer, release_memory
+from .memory import release_memory
+from .metrics import StepTotals
+from .trainer import StepResult, Trainer
 
 try:
     import torch

@@ -19,8 +19,6 @@ Checkpoints hold no pickle: tensors go to safetensors, everything else to JSON.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import errno
 import importlib.util
 import json
@@ -28,7 +26,6 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,13 +39,15 @@ from journeyman.store import CHECKPOINT_STATE, ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
 from ..models import resolve_base_model
-from .batch import Batch, Row, TrainSequence, build_batch, pack
+from .batch import Row, TrainSequence, build_batch, pack
+from .logprobs import packed_inputs, sequence_views, token_logprobs
 from .loss import LOSSES, policy_loss
 from .loss import advantages as group_advantages
+from .memory import release_memory
+from .metrics import StepTotals, data_metrics, zero_variance_groups
 
 try:
     import torch
-    from torch.utils.checkpoint import checkpoint
 except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
@@ -324,9 +323,9 @@ class Trainer:
             advantage, informative = group_advantages(rewards, group_ids, config.effective_scale_rewards)
         else:
             advantage, informative = rewards, rewards.bool()
-        zero_variance = _zero_variance_groups(batch, informative)
+        zero_variance = zero_variance_groups(batch, informative)
         sequences = [s for s in batch.sequences if informative[s.trajectory]]
-        metrics = _data_metrics(batch, zero_variance, sequences)
+        metrics = data_metrics(batch, zero_variance, sequences)
         timings["time/prepare"] = time.perf_counter() - start
 
         self.step += 1
@@ -412,16 +411,16 @@ class Trainer:
         totals: StepTotals,
         trains: bool = True,
     ) -> None:
-        inputs = _packed_inputs(rows, self.tokenizer.pad_token_id or 0)
+        inputs = packed_inputs(rows, self.tokenizer.pad_token_id or 0)
         micro_batch = [s for row in rows for s in row.sequences]
-        where, targets, mask, sampling = _sequence_views(micro_batch, inputs.where)
+        where, targets, mask, sampling = sequence_views(micro_batch, inputs.where)
         seq_advantage = advantage[torch.tensor([s.trajectory for s in micro_batch])]  # (B,)
 
-        logprobs, entropy = self._token_logprobs(inputs, where, targets, mask, config.logprob_chunk)
+        logprobs, entropy = token_logprobs(self.model, inputs, where, targets, mask, config.logprob_chunk)
         reference = None
         if config.beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                reference, _ = self._token_logprobs(inputs, where, targets, mask, config.logprob_chunk)
+                reference, _ = token_logprobs(self.model, inputs, where, targets, mask, config.logprob_chunk)
         parts = policy_loss(
             config.loss,
             logprobs,
@@ -443,97 +442,6 @@ class Trainer:
         if trains:
             totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
 
-    def _token_logprobs(
-        self,
-        inputs: _PackedInputs,
-        where: torch.Tensor,
-        targets: torch.Tensor,
-        mask: torch.Tensor,
-        chunk: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprobs (with gradient) and entropies (detached) of the masked target tokens, (B, T-1).
-
-        One forward pass over the packed rows; logits are computed only at trained positions and
-        ``chunk`` positions at a time, each chunk recomputed in the backward pass, so the
-        full-vocabulary logits of the batch are never held in memory at once.
-        """
-        causal_lm = self.model.get_base_model()
-        hidden = causal_lm.get_decoder()(
-            input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention
-        ).last_hidden_state  # (R, W, H)
-        positions = mask.bool()
-        chosen_hidden = hidden.flatten(0, 1)[where[positions]]  # (N, H)
-        chosen_targets = targets[positions]  # (N,)
-        head = causal_lm.get_output_embeddings()
-        frozen_head = type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
-        pieces, entropies = [], []
-        for start in range(0, chosen_targets.numel(), chunk):
-            piece = chosen_hidden[start : start + chunk], chosen_targets[start : start + chunk]
-            if frozen_head:
-                logprob, entropy = _ChosenLogprobs.apply(*piece, head.weight)  # type: ignore[no-untyped-call]
-            else:  # a trained head: let autograd see it, recomputing the chunk's logits in backward
-                logprob, entropy = checkpoint(_chunk_logprobs, *piece, head, use_reentrant=False)
-            pieces.append(logprob)
-            entropies.append(entropy)
-        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-        logprobs = torch.zeros(mask.shape, dtype=torch.float32).masked_scatter(positions, flat)
-        entropy = torch.zeros(mask.shape, dtype=torch.float32)
-        if entropies:
-            entropy = entropy.masked_scatter(positions, torch.cat(entropies))
-        return logprobs, entropy
-
-
-@dataclass
-class _PackedInputs:
-    input_ids: torch.Tensor  # (R, W)
-    position_ids: torch.Tensor  # (R, W)
-    attention: torch.Tensor  # (R, 1, W, W) bool, True where a query may attend to a key
-    where: list[list[int]]
-    """For each sequence of the micro-batch (rows in order), the flat index (row * W + column)
-    of each of its tokens."""
-
-
-def _sequence_views(
-    sequences: list[TrainSequence], where: list[list[int]]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, T-1) per-sequence views for the loss: the packed index of the position that predicts
-    each target, the targets, the trained-token mask and the sampling logprobs. Token t is
-    predicted from position t-1, so targets and their masks are shifted by one."""
-    width = max(len(s) for s in sequences)
-    index = torch.zeros((len(sequences), width), dtype=torch.long)
-    targets = torch.zeros((len(sequences), width), dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.float32)
-    sampling = torch.full((len(sequences), width), math.nan, dtype=torch.float32)
-    for b, (sequence, places) in enumerate(zip(sequences, where, strict=True)):
-        n = len(sequence)
-        index[b, :n] = torch.tensor(places)
-        targets[b, :n] = torch.tensor(sequence.tokens)
-        mask[b, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
-        sampling[b, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
-    return index[:, :-1], targets[:, 1:], mask[:, 1:], sampling[:, 1:]
-
-
-def _packed_inputs(rows: list[Row], pad: int) -> _PackedInputs:
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    # Padding attends to itself only, so no query row is fully masked (that gives NaN).
-    segment = torch.arange(width).repeat(len(rows), 1)  # (R, W)
-    prefix = torch.zeros((len(rows), 1, 1), dtype=torch.long)
-    where: list[list[int]] = []
-    for r, row in enumerate(rows):
-        tokens, positions, segments, index = row.layout()
-        n = len(tokens)
-        input_ids[r, :n] = torch.tensor(tokens)
-        position_ids[r, :n] = torch.tensor(positions)
-        segment[r, :n] = torch.tensor(segments)
-        prefix[r] = row.prefix
-        where += [[r * width + i for i in sequence] for sequence in index]
-    q = torch.arange(width)[:, None]  # (W, 1)
-    k = torch.arange(width)[None, :]  # (1, W)
-    attention = (k <= q) & ((k >= segment[:, :, None]) | (k < prefix))  # (R, W, W)
-    return _PackedInputs(input_ids, position_ids, attention[:, None], where)
-
 
 def _os_error(error: Exception) -> OSError:
     """The OSError behind a failed safetensors write: it reports one (a full disk, measured: "I/O
@@ -542,150 +450,6 @@ def _os_error(error: Exception) -> OSError:
     found = re.search(r"os error (\d+)", str(error))
     code = int(found.group(1)) if found else errno.EIO
     return OSError(code, os.strerror(code))
-
-
-def release_memory() -> None:
-    """Hand the memory a step freed back to the OS (glibc ``malloc_trim``).
-
-    glibc keeps freed memory in the arena of the thread that freed it. Steps run on worker
-    threads, and a step's activations are gigabytes: with each step on another thread, the demo's
-    process grew by 1-3 GB per step until it was OOM-killed at 17.8 GB (step 7). One worker
-    thread per trainer and a trim after each step keep it at one step's peak.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class _ChosenLogprobs(torch.autograd.Function):
-    """log softmax(h W^T)[target] and the entropy for a chunk of positions, through a frozen
-    output layer W. Nothing of vocabulary size is kept for backward: the logits are recomputed
-    there and turned into their gradient in place, (onehot(target) - softmax) x grad."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = (hidden @ weight.t()).float()  # (n, V)
-        lse = logits.logsumexp(-1)  # (n,)
-        chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-        logits.sub_(lse[:, None])  # now log-probabilities
-        entropy = -(logits.exp() * logits).sum(-1)
-        ctx.save_for_backward(hidden, targets, weight, lse)
-        ctx.mark_non_differentiable(entropy)
-        return chosen, entropy
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _entropy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, targets, weight, lse = ctx.saved_tensors
-        logits = (hidden @ weight.t()).float()
-        grad_logits = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -softmax x grad
-        grad_logits[torch.arange(len(targets)), targets] += grad
-        return grad_logits.to(hidden.dtype) @ weight, None, None
-
-
-def _chunk_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()  # (n, V)
-    logp = logits.log_softmax(-1)
-    chosen = logp.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return chosen, entropy.detach()
-
-
-def _zero_variance_groups(batch: Batch, informative: torch.Tensor) -> int:
-    groups = {g for g, keep in zip(batch.groups, informative.tolist(), strict=True) if not keep}
-    return len(groups)
-
-
-def _data_metrics(batch: Batch, zero_variance: int, sequences: list[TrainSequence]) -> dict[str, float]:
-    metrics = {key: float(value) for key, value in batch.counts.items()}
-    groups = batch.counts["data/groups"]
-    metrics["data/zero_variance_groups"] = float(zero_variance)
-    metrics["data/zero_variance_share"] = zero_variance / groups if groups else 0.0
-    metrics["data/sequences"] = float(len(sequences))
-    metrics["data/trained_tokens"] = float(sum(s.trained_tokens for s in sequences))
-    if batch.rewards:
-        rewards = torch.tensor(batch.rewards)
-        metrics["reward/mean"] = float(rewards.mean())
-        metrics["reward/std"] = float(rewards.std(unbiased=False))
-    return metrics
-
-
-class StepTotals:
-    """The batch-level denominators and the running sums for the step's metrics. Processes that
-    share a step add their :meth:`sums` together and take the largest :attr:`max_ratio`."""
-
-    SUMMED = ("loss", "policy", "kl", "clipped", "entropy", "masked", "known", "mismatch_k1", "micro_batches")
-
-    def __init__(self, sequences: list[TrainSequence]) -> None:
-        # Targets are shifted by one, so a sequence's first token is never a target.
-        self.tokens = sum(sum(s.mask[1:]) for s in sequences)
-        self.live_sequences = sum(1 for s in sequences if sum(s.mask[1:]) > 0)
-        self.loss = self.policy = self.kl = 0.0
-        self.clipped = self.entropy = self.masked = 0.0
-        self.known = 0
-        self.mismatch_k1 = 0.0
-        self.max_ratio = 1.0
-        self.micro_batches = 0
-
-    def share(self, mask: torch.Tensor, aggregation: str) -> float:
-        if aggregation == "token_mean":
-            return float(mask.sum()) / max(1, self.tokens)
-        return float((mask.sum(-1) > 0).sum()) / max(1, self.live_sequences)
-
-    def add(
-        self,
-        parts: Any,
-        weight: float,
-        logprobs: torch.Tensor,
-        sampling: torch.Tensor,
-        mask: torch.Tensor,
-        entropy: torch.Tensor,
-    ) -> None:
-        tokens = float(mask.sum())
-        self.micro_batches += 1
-        self.loss += float(parts.loss.detach()) * weight
-        self.policy += float(parts.policy) * weight
-        if parts.kl is not None:
-            self.kl += float(parts.kl) * weight
-        self.clipped += float(parts.clip_fraction) * tokens
-        self.masked += float(parts.masked_by_mismatch)
-        self.entropy += float((entropy * mask).sum())
-        known = mask.bool() & ~torch.isnan(sampling)
-        if known.any():
-            delta = sampling[known] - logprobs[known]  # log mu - log pi on tokens sampled from mu
-            self.known += int(known.sum())
-            self.mismatch_k1 += float(delta.sum())
-            self.max_ratio = max(self.max_ratio, float(torch.exp(delta.abs()).max()))
-
-    def sums(self) -> list[float]:
-        """The running sums, in :attr:`SUMMED` order."""
-        return [float(getattr(self, key)) for key in self.SUMMED]
-
-    def set_sums(self, values: Sequence[float]) -> None:
-        """Replace the running sums (all processes' together), in :attr:`SUMMED` order."""
-        for key, value in zip(self.SUMMED, values, strict=True):
-            setattr(self, key, type(getattr(self, key))(value))
-
-    def metrics(self) -> dict[str, float]:
-        tokens = max(1, self.tokens)
-        result = {
-            "train/loss": self.loss,
-            "train/policy_loss": self.policy,
-            "train/clip_fraction": self.clipped / tokens,
-            "train/entropy": self.entropy / tokens,
-            "train/micro_batches": float(self.micro_batches),
-            "mismatch/masked_tokens": self.masked,
-            "mismatch/tokens_with_sampling_logprobs": float(self.known),
-        }
-        if self.kl:
-            result["train/kl"] = self.kl
-        if self.known:
-            result["mismatch/kl"] = self.mismatch_k1 / self.known
-            result["mismatch/max_ratio"] = self.max_ratio
-        return result
 
 
 def check_groups(groups: Sequence[TrajectoryGroup]) -> None:

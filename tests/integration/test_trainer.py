@@ -13,14 +13,8 @@ import journeyman as jm
 from journeyman.backend.serving.gateway import GatewayThread
 from journeyman.backend.serving.router import Router
 from journeyman.backend.training.batch import Row, build_batch, pack
-from journeyman.backend.training.trainer import (
-    ADAPTER,
-    OPTIMIZER,
-    STATE,
-    Trainer,
-    _packed_inputs,
-    _sequence_views,
-)
+from journeyman.backend.training.logprobs import packed_inputs, sequence_views, token_logprobs
+from journeyman.backend.training.trainer import ADAPTER, OPTIMIZER, STATE, Trainer
 from journeyman.config import LossType, TrainConfig
 from journeyman.records import CompletionRecord
 from tests.integration.conftest import QWEN, Served, each_family
@@ -171,12 +165,12 @@ def _logprobs_and_grads(
     trainer: Trainer, rows: list[Any], backward: bool = True
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Each sequence's trained-token logprobs (sequence order) and the gradient of their sum."""
-    inputs = _packed_inputs(rows, 0)
+    inputs = packed_inputs(rows, 0)
     sequences = [s for row in rows for s in row.sequences]
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].tokens)
-    where, targets, mask, _ = _sequence_views(sequences, inputs.where)
+    where, targets, mask, _ = sequence_views(sequences, inputs.where)
     trainer.model.zero_grad()
-    logprobs, _ = trainer._token_logprobs(inputs, where, targets, mask, 512)
+    logprobs, _ = token_logprobs(trainer.model, inputs, where, targets, mask, 512)
     grads = {}
     if backward:
         logprobs.sum().backward()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.ruler import _InvalidAnswer, _parse
+from journeyman.judgements import _InvalidAnswer, _parse
 from tests.scripted_judge import Reply, ScriptedJudge, reversed_ids, running, scores
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from journeyman.backend.serving.gateway import GatewayThread, _tool_call_forms
+from journeyman.backend.serving.answers import tool_call_forms
+from journeyman.backend.serving.gateway import GatewayThread
 from journeyman.backend.serving.vllm_plugin.journeyman_tool_parser import (
     FORMS,
     ParsedToolCalls,
@@ -169,8 +170,8 @@ def test_ids_name_the_form_the_gateway_reads() -> None:
     assert len(set(ids)) == 3 and all(i.startswith(f"call_{f}_") for i, f in zip(ids, FORMS, strict=True))
     assert [form_of_tool_call_id(i) for i in ids] == list(FORMS)
     calls = [{"id": i} for i in [*ids, "chatcmpl-tool-0a1b", ""]]
-    assert _tool_call_forms(calls) == [*FORMS, None, None]
-    assert _tool_call_forms([{"id": "chatcmpl-tool-0a1b"}]) is None and _tool_call_forms(None) is None
+    assert tool_call_forms(calls) == [*FORMS, None, None]
+    assert tool_call_forms([{"id": "chatcmpl-tool-0a1b"}]) is None and tool_call_forms(None) is None
     assert form_of_tool_call_id("call_other_abc") is None and form_of_tool_call_id(None) is None
 
 

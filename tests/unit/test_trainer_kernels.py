@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from journeyman.backend.training import fused_lora
-from journeyman.backend.training.trainer import _ChosenLogprobs, _chunk_logprobs
+from journeyman.backend.training.logprobs import ChosenLogprobs, chunk_logprobs
 
 
 def test_chosen_logprobs_match_autograd_through_the_full_logits() -> None:
@@ -17,10 +17,10 @@ def test_chosen_logprobs_match_autograd_through_the_full_logits() -> None:
     weights = torch.randn(7, dtype=torch.float64, generator=generator)
 
     ours = hidden.clone().requires_grad_()
-    chosen, entropy = _ChosenLogprobs.apply(ours, targets, head.weight)
+    chosen, entropy = ChosenLogprobs.apply(ours, targets, head.weight)
     (chosen * weights).sum().backward()
     plain = hidden.clone().requires_grad_()
-    expected, expected_entropy = _chunk_logprobs(plain, targets, head)
+    expected, expected_entropy = chunk_logprobs(plain, targets, head)
     (expected * weights).sum().backward()
 
     assert torch.allclose(chosen, expected.to(chosen.dtype), atol=1e-6)
