@@ -69,7 +69,7 @@ async def test_an_int_counts_failures_and_a_float_is_a_share(limit: float, faile
 @pytest.mark.parametrize("limit", [-1, -0.5, 1.5])
 async def test_a_max_exceptions_that_is_no_count_or_share_is_refused(limit: float) -> None:
     with pytest.raises(jm.ConfigError, match=r"a count .* or a share"):
-        await jm.gather_trajectory_groups([jm.TrajectoryGroup([rollout(1.0)])], max_exceptions=limit)
+        await jm.gather_trajectory_groups([], max_exceptions=limit)
 
 
 async def test_after_each_can_rescore_drop_or_fail() -> None:
