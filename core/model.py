@@ -119,16 +119,19 @@ class Model(BaseModel):
         # unclosed, and that late close can unregister sockets whose descriptor numbers were
         # already reused, losing live responses (openai-python #2440).
         if sync:
-            return openai.OpenAI(
-                base_url=self.inference_base_url, api_key=self.inference_api_key or "unused", timeout=1200,
-                max_retries=2, http_client=httpx.Client(timeout=1200),
-            )  # fmt: skip
-        return openai.AsyncOpenAI(
-            base_url=self.inference_base_url, api_key=self.inference_api_key or "unused", timeout=1200,
-            max_retries=2, http_client=httpx.AsyncClient(
-                timeout=1200, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-            ),
-        )  # fmt: skip
+            make: Any = openai.OpenAI
+            http: Any = httpx.Client(timeout=1200)
+        else:
+            make = openai.AsyncOpenAI
+            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+            http = httpx.AsyncClient(timeout=1200, limits=limits)
+        return make(
+            base_url=self.inference_base_url,
+            api_key=self.inference_api_key or "unused",
+            timeout=1200,
+            max_retries=2,
+            http_client=http,
+        )
 
     async def get_step(self) -> int:
         return 0

@@ -39,10 +39,8 @@ from journeyman.errors import BackendError, StorageError
 from journeyman.records import (
     ROLLOUT_HEADER,
     SAMPLING_KEYS,
-    TOOL_CALL_FORMS,
     ChoiceRecord,
     CompletionRecord,
-    ToolCallForm,
     register_in_process,
     unregister_in_process,
 )
@@ -58,10 +56,6 @@ logger = logging.getLogger(__name__)
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 """Generation can be slow on CPU; connecting should not be."""
 _ROLLOUT_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
-_FORM_ID = re.compile(r"call_(tagged|bare|fenced)_[0-9a-f]+")
-"""Tool call ids from journeyman's vLLM tool parser (``vllm_plugin/journeyman_tool_parser.py``,
-``tool_call_id``), which name the form the model wrote the call in."""
-_FORMS: dict[str, ToolCallForm] = {form: form for form in TOOL_CALL_FORMS}
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
