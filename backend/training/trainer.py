@@ -19,13 +19,9 @@ Checkpoints hold no pickle: tensors go to safetensors, everything else to JSON.
 from __future__ import annotations
 
 import asyncio
-import errno
-import importlib.util
-import json
+import functools
 import logging
 import math
-import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +31,7 @@ from typing import Any
 
 from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
-from journeyman.store import CHECKPOINT_STATE, ModelStore
+from journeyman.store import ModelStore
 from journeyman.trajectory import TrajectoryGroup
 
 from ..models import resolve_base_model
@@ -51,15 +47,12 @@ try:
 except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
-from . import fused_lora  # after the torch check
+from .checkpoints import ADAPTER, OPTIMIZER, STATE, checkpoint_tensors, read_optimizer, write_checkpoint
+from .loading import bf16_supported, load_transformers, load_unsloth, training_dtype, unsloth_chosen
 
-__all__ = ["StepResult", "Trainer"]
+__all__ = ["ADAPTER", "OPTIMIZER", "STATE", "StepResult", "Trainer", "bf16_supported"]
 
 logger = logging.getLogger(__name__)
-
-ADAPTER = "adapter"
-OPTIMIZER = "optimizer.safetensors"
-STATE = CHECKPOINT_STATE
 
 Deploy = Callable[[Path, int], Awaitable[Any]]
 
@@ -70,13 +63,6 @@ class StepResult:
     """The step the model is at after training (its adapter is served as ``<model>@<step>``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None
-
-
-def bf16_supported() -> bool:
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(check and check())
 
 
 class Trainer:
@@ -103,8 +89,7 @@ class Trainer:
         self.precision = precision
         self.threads = threads
         self.deploy = deploy
-        if engine not in ("auto", "transformers", "unsloth"):
-            raise ConfigError(f"engine must be auto, transformers or unsloth, got {engine!r}")
+        unsloth_chosen(engine)  # a bad name fails here, not at the first step
         self.engine = engine
         self.step = 0
         self.model: Any = None
@@ -118,22 +103,12 @@ class Trainer:
 
     @property
     def dtype(self) -> torch.dtype:
-        if self.precision == "fp32" or (self.precision == "auto" and not bf16_supported()):
-            return torch.float32
-        return torch.bfloat16
+        return training_dtype(self.precision)
 
     @property
     def uses_unsloth(self) -> bool:
         """Unsloth when asked for, or by default where CUDA and Unsloth are both present."""
-        if self.engine == "unsloth":
-            if not (torch.cuda.is_available() and importlib.util.find_spec("unsloth")):
-                raise ConfigError("engine='unsloth' needs a CUDA GPU and `pip install 'journeyman[unsloth]'`")
-            return True
-        return (
-            self.engine == "auto"
-            and torch.cuda.is_available()
-            and importlib.util.find_spec("unsloth") is not None
-        )
+        return unsloth_chosen(self.engine)
 
     def load(self) -> int:
         """Load the base model and the latest complete checkpoint (or create step 0); return the step."""
@@ -141,10 +116,13 @@ class Trainer:
             torch.set_num_threads(self.threads)
         path = resolve_base_model(str(self.base_model))
         latest = self.store.latest_checkpoint()
+        checkpoint = None if latest is None else latest[1]
         if self.uses_unsloth:
-            self._load_unsloth(path, latest)
+            self.model, self.tokenizer = load_unsloth(path, checkpoint, dtype=self.dtype, lora=self.lora)
         else:
-            self._load_transformers(path, latest)
+            self.model, self.tokenizer = load_transformers(
+                path, checkpoint, dtype=self.dtype, lora=self.lora, seed=self.seed, fused=self.fused_lora
+            )
         for parameter in self.model.parameters():
             if parameter.requires_grad:
                 parameter.data = parameter.data.float()  # LoRA weights and optimizer state in fp32
@@ -160,54 +138,6 @@ class Trainer:
             self._load_optimizer(latest[1])
             logger.info("resumed from %s", latest[1])
         return self.step
-
-    def _peft_config(self) -> Any:
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.lora.rank,
-            lora_alpha=self.lora.alpha,  # type: ignore[arg-type]  # peft accepts floats
-            lora_dropout=self.lora.dropout,
-            target_modules=list(self.lora.effective_target_modules),
-            task_type="CAUSAL_LM",
-        )
-
-    def _load_transformers(self, path: Path | str, latest: tuple[int, Path] | None) -> None:
-        from peft import PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        if latest is None:
-            with torch.random.fork_rng(devices=[]):  # the same initial adapter for the same seed
-                torch.manual_seed(self.seed)
-                self.model = get_peft_model(base, self._peft_config())
-        else:
-            self.model = PeftModel.from_pretrained(base, latest[1] / ADAPTER, is_trainable=True)
-        if self.fused_lora:
-            fused_lora.install(self.model)
-
-    def _load_unsloth(
-        self, path: Path | str, latest: tuple[int, Path] | None
-    ) -> None:  # pragma: no cover - GPU only
-        """Unsloth's fused kernels on CUDA; the same peft adapter format on disk."""
-        from unsloth import FastLanguageModel
-
-        source = str(latest[1] / ADAPTER) if latest is not None else str(path)
-        model, self.tokenizer = FastLanguageModel.from_pretrained(
-            model_name=source, dtype=self.dtype, load_in_4bit=False
-        )
-        if latest is None:
-            lora = self.lora
-            model = FastLanguageModel.get_peft_model(
-                model,
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.effective_target_modules),
-            )
-        FastLanguageModel.for_training(model)
-        self.model = model
 
     def adapter_path(self, step: int | None = None) -> Path:
         return self.store.checkpoint_path(self.step if step is None else step) / ADAPTER
@@ -230,14 +160,7 @@ class Trainer:
 
     def _checkpoint_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The adapter's weights and the optimizer state, by parameter name."""
-        adapter = {name: p.detach() for name, p in self._trainable()}
-        optimizer: dict[str, torch.Tensor] = {}
-        if self.optimizer is not None:
-            index = {id(p): name for name, p in self._trainable()}
-            for parameter, state in self.optimizer.state.items():
-                for key, value in state.items():
-                    optimizer[f"{index[id(parameter)]}/{key}"] = torch.as_tensor(value).detach().clone()
-        return adapter, optimizer
+        return checkpoint_tensors(self._trainable(), self.optimizer)
 
     def _write_checkpoint(
         self,
@@ -246,41 +169,23 @@ class Trainer:
         adapter: dict[str, torch.Tensor],
         optimizer: dict[str, torch.Tensor],
     ) -> Path:
-        from safetensors import SafetensorError
-        from safetensors.torch import save_file
-
-        with self.store.write_checkpoint(step) as folder:
-            try:
-                self.model.save_pretrained(folder / ADAPTER, state_dict=adapter)
-                tensors = {"rng/torch": torch.get_rng_state()}
-                tensors |= {key: value.contiguous() for key, value in optimizer.items()}
-                save_file(tensors, str(folder / OPTIMIZER))
-            except SafetensorError as error:
-                raise _os_error(error) from error
-            state = {
-                "step": step,
-                "base_model": str(self.base_model),
-                "lora": self.lora.model_dump(mode="json"),
-                "learning_rate": self._learning_rate,
-                "metrics": metrics or {},
-            }
-            (folder / STATE).write_text(json.dumps(state, indent=2) + "\n")
-        return self.store.checkpoint_path(step)
+        state = {
+            "base_model": str(self.base_model),
+            "lora": self.lora.model_dump(mode="json"),
+            "learning_rate": self._learning_rate,
+            "metrics": metrics or {},
+        }
+        save = functools.partial(_save_adapter, self.model)
+        return write_checkpoint(self.store, step, save, adapter, optimizer, state)
 
     def _load_optimizer(self, folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(folder / OPTIMIZER))
-        if "rng/torch" in tensors:
-            torch.set_rng_state(tensors.pop("rng/torch"))
+        tensors, learning_rate = read_optimizer(folder)
         if not tensors:
             return
-        state = json.loads((folder / STATE).read_text())
-        optimizer = self._optimizer(TrainConfig(learning_rate=state.get("learning_rate") or 1e-5))
+        optimizer = self._optimizer(TrainConfig(learning_rate=learning_rate or 1e-5))
         for name, parameter in self._trainable():
-            keys = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.split("/", 1)[0] == name}
-            if keys:
-                optimizer.state[parameter] = keys
+            if name in tensors:
+                optimizer.state[parameter] = tensors[name]
 
     # One step ----------------------------------------------------------------------------------
 
@@ -314,8 +219,28 @@ class Trainer:
         if self.threads:  # OpenMP settings are per thread: set them where the step runs
             torch.set_num_threads(self.threads)
         torch.manual_seed(config.seed + self.step)
-        timings: dict[str, float] = {}
         start = time.perf_counter()
+        advantage, sequences, metrics = self._prepare(groups, config)
+        timings = {"time/prepare": time.perf_counter() - start}
+        self.step += 1
+        self._learning_rate = config.learning_rate
+        if not sequences:
+            logger.warning(
+                "step %d: no trajectory with a reward spread to learn from; the adapter is unchanged",
+                self.step,
+            )
+        else:
+            trained, times = self._update(sequences, advantage, config)
+            metrics.update(trained)
+            timings.update(times)
+        metrics.update(timings)
+        return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+
+    def _prepare(
+        self, groups: Sequence[TrajectoryGroup], config: TrainConfig
+    ) -> tuple[torch.Tensor, list[TrainSequence], dict[str, float]]:
+        """The step's advantages, the sequences worth training (those whose group's rewards
+        differ) and the data's metrics."""
         batch = build_batch(groups, self.tokenizer, config)
         rewards = torch.tensor(batch.rewards, dtype=torch.float32)
         group_ids = torch.tensor(batch.groups, dtype=torch.long)
@@ -325,19 +250,13 @@ class Trainer:
             advantage, informative = rewards, rewards.bool()
         zero_variance = zero_variance_groups(batch, informative)
         sequences = [s for s in batch.sequences if informative[s.trajectory]]
-        metrics = data_metrics(batch, zero_variance, sequences)
-        timings["time/prepare"] = time.perf_counter() - start
+        return advantage, sequences, data_metrics(batch, zero_variance, sequences)
 
-        self.step += 1
-        self._learning_rate = config.learning_rate
-        if not sequences:
-            logger.warning(
-                "step %d: no trajectory with a reward spread to learn from; the adapter is unchanged",
-                self.step,
-            )
-            metrics.update(timings)
-            return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
-
+    def _update(
+        self, sequences: list[TrainSequence], advantage: torch.Tensor, config: TrainConfig
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Forward and backward over the micro-batches, then one clipped optimizer step; the
+        training metrics, and the timings."""
         optimizer = self._optimizer(config)
         self.model.train()
         if config.gradient_checkpointing:
@@ -349,7 +268,7 @@ class Trainer:
         start = time.perf_counter()
         for rows, trains in self._micro_batches(sequences, config):
             self._forward_backward(rows, advantage, config, totals, trains)
-        timings["time/forward_backward"] = time.perf_counter() - start
+        forward_backward = time.perf_counter() - start
 
         start = time.perf_counter()
         params = [p for _, p in self._trainable()]
@@ -358,15 +277,15 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        timings["time/optimizer"] = time.perf_counter() - start
+        optimizing = time.perf_counter() - start
         if config.gradient_checkpointing:
             self.model.activation_checkpointing_disable()
-
-        metrics.update(totals.metrics())
-        metrics["train/grad_norm"] = float(grad_norm)
-        metrics["train/learning_rate"] = config.learning_rate
-        metrics.update(timings)
-        return StepResult(self.step, metrics, self._checkpoint_timed(metrics))
+        metrics = {
+            **totals.metrics(),
+            "train/grad_norm": float(grad_norm),
+            "train/learning_rate": config.learning_rate,
+        }
+        return metrics, {"time/forward_backward": forward_backward, "time/optimizer": optimizing}
 
     def _micro_batches(
         self, sequences: list[TrainSequence], config: TrainConfig
@@ -443,18 +362,13 @@ class Trainer:
             totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
 
 
-def _os_error(error: Exception) -> OSError:
-    """The OSError behind a failed safetensors write: it reports one (a full disk, measured: "I/O
-    error: No space left on device (os error 28)") as a SafetensorError, which the store's
-    handling of failed writes would not recognise."""
-    found = re.search(r"os error (\d+)", str(error))
-    code = int(found.group(1)) if found else errno.EIO
-    return OSError(code, os.strerror(code))
-
-
 def check_groups(groups: Sequence[TrajectoryGroup]) -> None:
     """Refuse input that is not a list of groups, with a message that says what to pass."""
     if isinstance(groups, TrajectoryGroup) or not all(isinstance(g, TrajectoryGroup) for g in groups):
         raise InvalidDataError("train() takes a list of TrajectoryGroup (one per scenario)")
     if not groups:
         raise ConfigError("train() needs at least one group")
+
+
+def _save_adapter(model: Any, folder: Path, weights: dict[str, torch.Tensor]) -> None:
+    model.save_pretrained(folder, state_dict=weights)

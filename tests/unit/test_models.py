@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import journeyman as jm
-from journeyman.backend import models
+from journeyman.backend import model_parts, models
 from journeyman.backend.app.cli import app
 from journeyman.backend.models import EMBEDDED_MODELS, EmbeddedModel, Part, assemble_gguf, prepare_model
 
@@ -133,10 +133,10 @@ def test_a_failed_preparation_leaves_nothing_in_the_cache(
 
 def test_an_installed_distribution_is_read_in_place() -> None:
     part = EMBEDDED_MODELS["smollm2-135m"].parts[0]  # make setup installs this wheel
-    path = models._installed_part(part)
+    path = model_parts._installed_part(part)
     assert path is not None and path.stat().st_size == part.size
     other_version = Part(part.requirement.replace("0.1.2", "0.0.1"), part.path, part.size, part.sha256)
-    assert models._installed_part(other_version) is None
+    assert model_parts._installed_part(other_version) is None
 
 
 def test_every_embedded_model_pins_parts_that_add_up() -> None:
