@@ -15,28 +15,28 @@ from typing import TypeVar
 from journeyman.errors import JudgeError
 from journeyman.judge import Judge, JudgeCallError
 from journeyman.judge_prompts import (
-    _PAIRWISE_QUESTION,
-    _PAIRWISE_SYSTEM,
-    _REFERENCE_QUESTION,
-    _REFERENCE_SYSTEM,
-    _REFERENCE_TOKENS,
-    _body,
-    _Conversation,
-    _layout,
-    _schema,
-    _shared_start,
-    _tool_lines,
-    _transcript,
-    _verdict_prompts,
+    PAIRWISE_QUESTION,
+    PAIRWISE_SYSTEM,
+    REFERENCE_QUESTION,
+    REFERENCE_SYSTEM,
+    REFERENCE_TOKENS,
+    Conversation,
+    prompt_layout,
+    scores_schema,
+    shared_start,
+    tool_lines,
+    trajectory_body,
+    transcript_of,
+    verdict_prompts,
 )
 from journeyman.judgements import (
+    InvalidAnswer,
     Judgement,
     Score,
-    _cache_path,
-    _InvalidAnswer,
-    _parse,
-    _read_cache,
-    _write_cache,
+    cache_path,
+    parse_scores,
+    read_cache,
+    write_cache,
 )
 
 logger = logging.getLogger("journeyman.ruler")
@@ -56,7 +56,7 @@ async def _retrying(judge: Judge, judgement: Judgement, call: Callable[[], Await
     for attempt in range(1, attempts + 1):
         try:
             return await call()
-        except (JudgeCallError, _InvalidAnswer) as error:
+        except (JudgeCallError, InvalidAnswer) as error:
             reasons.append(f"attempt {attempt}: {error}")
             judgement.retries.append(reasons[-1])
             logger.warning("judge %r, attempt %d of %d: %s", judge.name, attempt, attempts, error)
@@ -65,11 +65,11 @@ async def _retrying(judge: Judge, judgement: Judgement, call: Callable[[], Await
     raise JudgeError(failed.format(attempts=attempts, reasons="; ".join(reasons)))
 
 
-async def _ask(
+async def ask_scores(
     judge: Judge, messages: list[dict[str, str]], ids: list[str], judgement: Judgement
 ) -> dict[str, Score]:
     """Ask until the answer holds one valid score per id, at most ``1 + judge.max_retries`` times."""
-    schema = _schema(ids, judge.explanation_max_chars)
+    schema = scores_schema(ids, judge.explanation_max_chars)
     max_tokens = None
     if judge.explanation_max_chars is not None:  # each token holds at least one character
         max_tokens = len(ids) * (judge.explanation_max_chars + _ENTRY_TOKENS) + 16
@@ -78,7 +78,7 @@ async def _ask(
         judgement.attempts += 1
         bound = max_tokens if judge.uses_schema else None  # a freely written object needs more
         judgement.answer = await judge.complete(messages, schema, max_tokens=bound)
-        return _parse(judgement.answer, ids)
+        return parse_scores(judgement.answer, ids)
 
     failed = (
         f"judge {judge.name!r} gave no valid scores for {len(ids)} trajectories in {{attempts}} attempts: "
@@ -94,8 +94,8 @@ async def _first_token(
     """P(first answer) / P(either) of the reply's first token, as a :class:`Score`, and whether it
     came from the cache. Retried like any judge call; a judge that puts neither answer among its
     likeliest first tokens does not follow the prompt, and asking again at temperature 0 would not help."""
-    path = _cache_path(judge, messages)
-    cached = _read_cache(path, ["verdict"]) if path is not None else None
+    path = cache_path(judge, messages)
+    cached = read_cache(path, ["verdict"]) if path is not None else None
     if cached is not None:
         return cached["verdict"], True
 
@@ -115,13 +115,13 @@ async def _first_token(
     p = mass[first] / total
     score = Score(p, f"P({first}) = {p:.3f} ({first} {mass[first]:.3g}, {second} {mass[second]:.3g})", p)
     if path is not None:
-        _write_cache(path, {"verdict": score})
+        write_cache(path, {"verdict": score})
     return score, False
 
 
-async def _verdicts(
+async def ask_verdicts(
     judge: Judge,
-    unique: list[list[_Conversation]],
+    unique: list[list[Conversation]],
     ids: list[str],
     rubric: str,
     judgement: Judgement,
@@ -129,7 +129,7 @@ async def _verdicts(
 ) -> dict[str, Score]:
     """Each distinct trajectory judged alone, its score P(yes) / (P(yes) + P(no)); with criteria,
     the product of each criterion's (the chance that it meets them all, were they independent); by id."""
-    prompts = _verdict_prompts(unique, rubric, criteria, judgement.reference)
+    prompts = verdict_prompts(unique, rubric, criteria, judgement.reference)
     results = await asyncio.gather(
         *(
             _first_token(judge, m, ("yes", "no"), judgement, "verdict")
@@ -151,12 +151,12 @@ async def _verdicts(
     return scores
 
 
-async def _reference(judge: Judge, unique: list[list[_Conversation]], judgement: Judgement) -> str:
+async def ask_reference(judge: Judge, unique: list[list[Conversation]], judgement: Judgement) -> str:
     """How the task should be done, in the judge's words, asked once for the group: the tools, the
     system prompt and the last request before the attempts (not the whole shared start, whose
     worked examples would cost a small judge seconds to read and tell it nothing new)."""
     messages = unique[0][0].messages
-    shared = _shared_start(unique)
+    shared = shared_start(unique)
     first = next((n for n, m in enumerate(messages) if n >= shared and m["role"] == "assistant"), None)
     before = messages[:first] if shared and first is not None else messages
     request = next((m for m in reversed(before) if m["role"] == "user"), None)
@@ -164,47 +164,47 @@ async def _reference(judge: Judge, unique: list[list[_Conversation]], judgement:
     parts = []
     tools = unique[0][0].tools
     if tools:
-        parts.append(f"<available_tools>\n{_tool_lines(tools)}\n</available_tools>")
-    parts += [f"<task>\n{_transcript(task, {})}\n</task>", _REFERENCE_QUESTION]
+        parts.append(f"<available_tools>\n{tool_lines(tools)}\n</available_tools>")
+    parts += [f"<task>\n{transcript_of(task, {})}\n</task>", REFERENCE_QUESTION]
     prompt = [
-        {"role": "system", "content": _REFERENCE_SYSTEM},
+        {"role": "system", "content": REFERENCE_SYSTEM},
         {"role": "user", "content": "\n".join(parts)},
     ]
-    path = _cache_path(judge, prompt)
-    cached = _read_cache(path, ["reference"]) if path is not None else None
+    path = cache_path(judge, prompt)
+    cached = read_cache(path, ["reference"]) if path is not None else None
     if cached is not None:
         return cached["reference"].explanation
 
     async def attempt() -> str:
         judgement.attempts += 1
-        text = (await judge.complete(prompt, max_tokens=_REFERENCE_TOKENS)).strip()
+        text = (await judge.complete(prompt, max_tokens=REFERENCE_TOKENS)).strip()
         if not text:
-            raise _InvalidAnswer("an empty reference")
+            raise InvalidAnswer("an empty reference")
         return text
 
     failed = f"judge {judge.name!r} wrote no reference in {{attempts}} attempts: {{reasons}}"
     text = await _retrying(judge, judgement, attempt, failed)
     if path is not None:  # stored as a score's explanation: one cache format for every judge call
-        _write_cache(path, {"reference": Score(0.0, text, 0.0)})
+        write_cache(path, {"reference": Score(0.0, text, 0.0)})
     return text
 
 
-async def _pairwise(
-    judge: Judge, unique: list[list[_Conversation]], ids: list[str], rubric: str, judgement: Judgement
+async def ask_pairwise(
+    judge: Judge, unique: list[list[Conversation]], ids: list[str], rubric: str, judgement: Judgement
 ) -> dict[str, Score]:
     """Every ordered pair of distinct trajectories; a trajectory's score is its mean chance of
     winning, each pair's chance the mean of its two orders (so the order shown cancels out)."""
     n = len(unique)
     if n == 1:
         return {ids[0]: Score(0.5, "the only distinct attempt: nothing to compare it with", 0.5)}
-    shared, tools_shared, head = _layout(unique, judgement.reference)
-    bodies = [_body(conversations, shared, tools_shared) for conversations in unique]
-    system = {"role": "system", "content": _PAIRWISE_SYSTEM.format(rubric=rubric.strip())}
+    shared, tools_shared, head = prompt_layout(unique, judgement.reference)
+    bodies = [trajectory_body(conversations, shared, tools_shared) for conversations in unique]
+    system = {"role": "system", "content": PAIRWISE_SYSTEM.format(rubric=rubric.strip())}
     orders = [(i, j) for i in range(n) for j in range(n) if i != j]
     prompts = [
         [system, {"role": "user", "content": "\n".join(
             [*head, f"<attempt id=\"A\">\n{bodies[i]}\n</attempt>", f"<attempt id=\"B\">\n{bodies[j]}\n</attempt>",
-             _PAIRWISE_QUESTION]
+             PAIRWISE_QUESTION]
         )}]
         for i, j in orders
     ]  # fmt: skip

@@ -58,7 +58,7 @@ DEFAULT_PAIRWISE_RUBRIC = """\
 - An attempt whose final answer does what the user asked, correctly and completely, is better than one that does not.
 - Between two attempts that both succeed or both fail, the one with fewer wasted steps, tool calls or words is better."""
 
-_PAIRWISE_SYSTEM = """\
+PAIRWISE_SYSTEM = """\
 You compare two attempts by an AI agent at the same task; infer the task and what success means \
 from the conversation. In a transcript, <call> holds a tool call the agent made and <tool> the \
 result it got back.
@@ -68,25 +68,25 @@ Standards:
 
 Answer with one letter: A if attempt A is better, B if attempt B is better."""
 
-_PAIRWISE_QUESTION = "Which attempt is better? Answer A or B."
+PAIRWISE_QUESTION = "Which attempt is better? Answer A or B."
 
-_REFERENCE_SYSTEM = """\
+REFERENCE_SYSTEM = """\
 You will judge attempts by an AI agent at the task below. Before you see them, say how the task \
 should be done: which tools to call with which arguments, and what the final answer must state. \
 Be brief: one or two sentences. Do not work out what a tool would return."""
 
-_REFERENCE_QUESTION = "How should the agent do this task?"
-_REFERENCE_TOKENS = 64
+REFERENCE_QUESTION = "How should the agent do this task?"
+REFERENCE_TOKENS = 64
 """The longest reference: at ~5 tokens/s (the 1.5B on 2 cores) a longer one costs more than the judging."""
 
-_RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
+RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
 
 TrajectoryLike = Trajectory | History | Sequence[Item | dict[str, Any]]
 """What :func:`ruler` judges: a trajectory (all its histories), a history, or a list of messages."""
 
 
 @dataclass(frozen=True)
-class _Conversation:
+class Conversation:
     """A history as the judge sees it."""
 
     name: str | None
@@ -94,21 +94,21 @@ class _Conversation:
     tools: list[dict[str, Any]] | None
 
 
-def _tool_dict(tool: Tool | dict[str, Any]) -> dict[str, Any]:
+def tool_dict(tool: Tool | dict[str, Any]) -> dict[str, Any]:
     try:
         return Tool.model_validate(tool).model_dump(exclude_none=True)
     except ValueError as error:
         raise InvalidDataError(f"not a tool schema ({error}): {str(tool)[:200]}") from None
 
 
-def _conversation(history: History, tools: list[dict[str, Any]] | None) -> _Conversation:
+def _conversation(history: History, tools: list[dict[str, Any]] | None) -> Conversation:
     own = (
         [tool.model_dump(exclude_none=True) for tool in history.tools] if history.tools is not None else None
     )
-    return _Conversation(history.name, history.openai_messages(), own if own is not None else tools)
+    return Conversation(history.name, history.openai_messages(), own if own is not None else tools)
 
 
-def _conversations(item: TrajectoryLike, tools: list[dict[str, Any]] | None) -> list[_Conversation]:
+def conversations_of(item: TrajectoryLike, tools: list[dict[str, Any]] | None) -> list[Conversation]:
     """Every history of one trajectory, main one first."""
     if isinstance(item, Trajectory):
         return [_conversation(history, tools) for history in item.histories]
@@ -144,7 +144,7 @@ def _text(content: Any) -> str:
     return str(content).replace("<", "&lt;")
 
 
-def _transcript(messages: list[dict[str, Any]], names: dict[str, str]) -> str:
+def transcript_of(messages: list[dict[str, Any]], names: dict[str, str]) -> str:
     """Messages as tagged lines: ``<user>...</user>``, an assistant's tool calls as
     ``<call>name {arguments}</call>``, a result as ``<tool name="...">...</tool>``. Call ids, types
     and empty fields are left out: they cost a small judge tokens and tell it nothing. ``names``
@@ -178,7 +178,7 @@ def _signature(tool: dict[str, Any]) -> str:
     return f"- {function.get('name', '')}({arguments}){description}"
 
 
-def _tool_lines(tools: list[dict[str, Any]]) -> str:
+def tool_lines(tools: list[dict[str, Any]]) -> str:
     return "\n".join(_signature(tool) for tool in tools)
 
 
@@ -192,26 +192,28 @@ def _shared_prefix(lists: list[list[dict[str, Any]]]) -> int:
     return shared
 
 
-def _shared_start(unique: list[list[_Conversation]]) -> int:
+def shared_start(unique: list[list[Conversation]]) -> int:
     """How many leading messages every trajectory's main history shares (0 for one trajectory:
     nothing tells its start from its attempt)."""
     return _shared_prefix([conversations[0].messages for conversations in unique]) if len(unique) > 1 else 0
 
 
-def _layout(unique: list[list[_Conversation]], reference: str | None = None) -> tuple[int, bool, list[str]]:
+def prompt_layout(
+    unique: list[list[Conversation]], reference: str | None = None
+) -> tuple[int, bool, list[str]]:
     """What every trajectory shares: the number of leading messages, whether the tools, and the
     parts that show them once (``<available_tools>``, then ``<context>``: the tools first, so
     that prompts for groups with other questions still share them in a prefix cache; then the
     judge's ``<reference>``)."""
     mains = [conversations[0].messages for conversations in unique]
-    shared = _shared_start(unique)
+    shared = shared_start(unique)
     tool_lists = [c.tools for conversations in unique for c in conversations]
     tools_shared = all(tools == tool_lists[0] for tools in tool_lists)
     head = []
     if tools_shared and tool_lists[0]:
-        head.append(f"<available_tools>\n{_tool_lines(tool_lists[0])}\n</available_tools>")
+        head.append(f"<available_tools>\n{tool_lines(tool_lists[0])}\n</available_tools>")
     if shared:
-        head.append(f"<context>\n{_transcript(mains[0][:shared], {})}\n</context>")
+        head.append(f"<context>\n{transcript_of(mains[0][:shared], {})}\n</context>")
     if reference is not None:
         head.append(_reference_block(reference))
     return shared, tools_shared, head
@@ -224,16 +226,16 @@ def _reference_block(reference: str) -> str:
     )
 
 
-def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -> str:
+def trajectory_body(conversations: list[Conversation], shared: int, tools_shared: bool) -> str:
     """One trajectory's histories, less what every trajectory shares."""
     body = []
     for k, conversation in enumerate(conversations):
         names: dict[str, str] = {}
         if k == 0 and shared:  # results in the trajectory can answer calls made in the shared start
-            _transcript(conversation.messages[:shared], names)
-        text = _transcript(conversation.messages[shared:] if k == 0 else conversation.messages, names)
+            transcript_of(conversation.messages[:shared], names)
+        text = transcript_of(conversation.messages[shared:] if k == 0 else conversation.messages, names)
         if not tools_shared and conversation.tools:
-            text = f"<tools>\n{_tool_lines(conversation.tools)}\n</tools>\n{text}"
+            text = f"<tools>\n{tool_lines(conversation.tools)}\n</tools>\n{text}"
         if len(conversations) > 1:
             name = conversation.name or ("main" if k == 0 else f"history {k}")
             text = f'<history name="{name}">\n{text}\n</history>'
@@ -241,7 +243,7 @@ def _body(conversations: list[_Conversation], shared: int, tools_shared: bool) -
     return "\n".join(body)
 
 
-def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
+def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     """What an attempt came to, in lines a small judge cannot miss: the user's request it answers,
     each tool call it made with its arguments and result (in every history, after the shared start),
     and its final message. A result the agent made up in its own words is then plainly not a tool's,
@@ -284,21 +286,23 @@ def _outcome(conversations: list[_Conversation], shared: int) -> str | None:
     )
 
 
-def _prompt(
-    unique: list[list[_Conversation]], ids: list[str], rubric: str, reference: str | None = None
+def scores_prompt(
+    unique: list[list[Conversation]], ids: list[str], rubric: str, reference: str | None = None
 ) -> list[dict[str, str]]:
-    shared, tools_shared, parts = _layout(unique, reference)
+    shared, tools_shared, parts = prompt_layout(unique, reference)
     parts.append("Trajectories:")
     for id_, conversations in zip(ids, unique, strict=True):
-        parts.append(f'<trajectory id="{id_}">\n{_body(conversations, shared, tools_shared)}\n</trajectory>')
+        parts.append(
+            f'<trajectory id="{id_}">\n{trajectory_body(conversations, shared, tools_shared)}\n</trajectory>'
+        )
     return [
         {"role": "system", "content": _SYSTEM.format(rubric=rubric.strip())},
         {"role": "user", "content": "\n".join(parts)},
     ]
 
 
-def _verdict_prompts(
-    unique: list[list[_Conversation]],
+def verdict_prompts(
+    unique: list[list[Conversation]],
     rubric: str,
     criteria: Sequence[str] | None,
     reference: str | None = None,
@@ -307,13 +311,16 @@ def _verdict_prompts(
     criterion), all starting alike (system, shared context, tools) and each trajectory's alike up to
     its question, so a server with prefix caching reads that start once and each trajectory once.
     The judge's reference comes after the attempt's outcome, next to the question."""
-    shared, tools_shared, head = _layout(unique)
+    shared, tools_shared, head = prompt_layout(unique)
     answer = _CRITERION_ANSWER if criteria else _VERDICT_ANSWER
     system = {"role": "system", "content": _VERDICT_SYSTEM.format(rubric=rubric.strip(), answer=answer)}
     questions = [f"{c.strip()} Answer yes or no." for c in criteria] if criteria else [_VERDICT_QUESTION]
     prompts = []
     for conversations in unique:
-        parts = [*head, f"<trajectory>\n{_body(conversations, shared, tools_shared)}\n</trajectory>"]
+        parts = [
+            *head,
+            f"<trajectory>\n{trajectory_body(conversations, shared, tools_shared)}\n</trajectory>",
+        ]
         outcome = _outcome(conversations, shared)
         if outcome is not None:
             parts.append(outcome)
@@ -324,7 +331,7 @@ def _verdict_prompts(
     return prompts
 
 
-def _schema(ids: list[str], explanation_max_chars: int | None) -> dict[str, Any]:
+def scores_schema(ids: list[str], explanation_max_chars: int | None) -> dict[str, Any]:
     """One required key per id: a constrained decoder cannot skip, repeat or invent one."""
     explanation: dict[str, Any] = {"type": "string"}
     if explanation_max_chars is not None:

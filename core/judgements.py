@@ -65,7 +65,7 @@ class Judgement:
         return sum(score.clamped for score in self.scores)
 
 
-class _InvalidAnswer(ValueError):
+class InvalidAnswer(ValueError):
     """The judge answered, but not with one valid score per id."""
 
 
@@ -85,7 +85,7 @@ def _scores_object(text: str, ids: list[str]) -> dict[str, Any]:
         if isinstance(value, dict) and ("scores" in value or any(id_ in value for id_ in ids)):
             return value
     why = f" ({first_error.msg} at position {first_error.pos})" if first_error else ""
-    raise _InvalidAnswer(f"no JSON object with scores in the answer{why}: {text[:200]!r}")
+    raise InvalidAnswer(f"no JSON object with scores in the answer{why}: {text[:200]!r}")
 
 
 def _number(value: Any, id_: str) -> float:
@@ -93,28 +93,28 @@ def _number(value: Any, id_: str) -> float:
         with contextlib.suppress(ValueError):
             value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _InvalidAnswer(f"the score of trajectory {id_} is not a finite number: {value!r}")
+        raise InvalidAnswer(f"the score of trajectory {id_} is not a finite number: {value!r}")
     return float(value)
 
 
-def _parse(text: str, ids: list[str]) -> dict[str, Score]:
-    """One :class:`Score` per id, matched by id; :class:`_InvalidAnswer` if the answer is not that."""
+def parse_scores(text: str, ids: list[str]) -> dict[str, Score]:
+    """One :class:`Score` per id, matched by id; :class:`InvalidAnswer` if the answer is not that."""
     data = _scores_object(text, ids)
     entries: dict[str, Any] = {}
     if isinstance(data.get("scores"), list):  # the list form: {"scores": [{"trajectory_id", "score", ...}]}
         for entry in data["scores"]:
             if not isinstance(entry, dict):
-                raise _InvalidAnswer(f"a score entry is not an object: {entry!r}")
+                raise InvalidAnswer(f"a score entry is not an object: {entry!r}")
             id_ = str(entry.get("trajectory_id", entry.get("id")))
             if id_ in entries:
-                raise _InvalidAnswer(f"trajectory {id_} was scored twice")
+                raise InvalidAnswer(f"trajectory {id_} was scored twice")
             entries[id_] = entry
     else:
         entries = data
     missing = [id_ for id_ in ids if id_ not in entries]
     extra = [id_ for id_ in entries if id_ not in ids]
     if missing or extra:
-        raise _InvalidAnswer(f"the answer must score ids {ids} once each; missing {missing}, unknown {extra}")
+        raise InvalidAnswer(f"the answer must score ids {ids} once each; missing {missing}, unknown {extra}")
     scores = {}
     for id_ in ids:
         entry = entries[id_]
@@ -129,7 +129,7 @@ def _parse(text: str, ids: list[str]) -> dict[str, Score]:
 # The cache --------------------------------------------------------------------------------------
 
 
-def _cache_path(judge: Judge, messages: list[dict[str, str]]) -> Path | None:
+def cache_path(judge: Judge, messages: list[dict[str, str]]) -> Path | None:
     if judge.cache_dir is None:
         return None
     key = json.dumps({"version": _CACHE_VERSION, "judge": judge.name, "messages": messages}, sort_keys=True)
@@ -137,7 +137,7 @@ def _cache_path(judge: Judge, messages: list[dict[str, str]]) -> Path | None:
     return judge.cache_dir / digest[:2] / f"{digest}.json"
 
 
-def _read_cache(path: Path, ids: list[str]) -> dict[str, Score] | None:
+def read_cache(path: Path, ids: list[str]) -> dict[str, Score] | None:
     try:
         data = json.loads(path.read_text())
         return {id_: Score(**data[id_]) for id_ in ids}
@@ -148,7 +148,7 @@ def _read_cache(path: Path, ids: list[str]) -> dict[str, Score] | None:
         return None
 
 
-def _write_cache(path: Path, scores: dict[str, Score]) -> None:
+def write_cache(path: Path, scores: dict[str, Score]) -> None:
     """Write atomically; a cache that cannot be written costs a later call, never this judgement."""
     data = {id_: score.__dict__ for id_, score in scores.items()}
     try:

@@ -42,19 +42,19 @@ from typing import Any, Literal, TypedDict, Unpack, get_args
 
 from journeyman.errors import ConfigError, InvalidDataError
 from journeyman.judge import Judge
-from journeyman.judge_calls import _ask, _pairwise, _reference, _verdicts
+from journeyman.judge_calls import ask_pairwise, ask_reference, ask_scores, ask_verdicts
 from journeyman.judge_prompts import (
-    _RUBRICS,
     DEFAULT_PAIRWISE_RUBRIC,
     DEFAULT_RUBRIC,
     DEFAULT_VERDICT_RUBRIC,
+    RUBRICS,
     TrajectoryLike,
-    _conversations,
-    _prompt,
-    _tool_dict,
-    _transcript,
+    conversations_of,
+    scores_prompt,
+    tool_dict,
+    transcript_of,
 )
-from journeyman.judgements import Judgement, Score, _cache_path, _read_cache, _write_cache
+from journeyman.judgements import Judgement, Score, cache_path, read_cache, write_cache
 from journeyman.messages import Tool
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
@@ -313,11 +313,11 @@ async def judge_trajectories(
     if not trajectories:
         return Judgement(scores=[], judge=judge.name, distinct=0)
     if rubric is None:
-        rubric = _RUBRICS[method]
-    tool_dicts = [_tool_dict(tool) for tool in tools] if tools is not None else None
-    conversations = [_conversations(item, tool_dicts) for item in trajectories]
+        rubric = RUBRICS[method]
+    tool_dicts = [tool_dict(tool) for tool in tools] if tools is not None else None
+    conversations = [conversations_of(item, tool_dicts) for item in trajectories]
     keys = [  # what the judge would read: trajectories that differ only in call ids are one
-        json.dumps([[c.name, _transcript(c.messages, {}), c.tools] for c in convs], sort_keys=True)
+        json.dumps([[c.name, transcript_of(c.messages, {}), c.tools] for c in convs], sort_keys=True)
         for convs in conversations
     ]
     labels: dict[str, str] = {}  # content -> the id the judge sees; identical trajectories share one
@@ -327,21 +327,21 @@ async def judge_trajectories(
     unique = [conversations[keys.index(key)] for key in labels]
     judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
     if reference:
-        judgement.reference = await _reference(judge, unique, judgement)
+        judgement.reference = await ask_reference(judge, unique, judgement)
     if method == "verdict":
-        by_id = await _verdicts(judge, unique, ids, rubric, judgement, criteria)
+        by_id = await ask_verdicts(judge, unique, ids, rubric, judgement, criteria)
     elif method == "pairwise":
-        by_id = await _pairwise(judge, unique, ids, rubric, judgement)
+        by_id = await ask_pairwise(judge, unique, ids, rubric, judgement)
     else:
-        messages = _prompt(unique, ids, rubric, judgement.reference)
-        path = _cache_path(judge, messages)
-        cached = _read_cache(path, ids) if path is not None else None
+        messages = scores_prompt(unique, ids, rubric, judgement.reference)
+        path = cache_path(judge, messages)
+        cached = read_cache(path, ids) if path is not None else None
         if cached is not None:
             by_id, judgement.cached = cached, True
         else:
-            by_id = await _ask(judge, messages, ids, judgement)
+            by_id = await ask_scores(judge, messages, ids, judgement)
             if path is not None:
-                _write_cache(path, by_id)
+                write_cache(path, by_id)
     judgement.scores = [by_id[labels[key]] for key in keys]
     return judgement
 

@@ -11,14 +11,16 @@ from journeyman.integrations._langfuse_read import KEY, SCHEMA
 from journeyman.messages import ModelTurn, ToolMessage
 from journeyman.trajectory import History
 
+__all__ = ["export_history", "final_message", "history_info", "payload", "prompt_of"]
 
-def _payload(info: dict[str, Any]) -> str:
+
+def payload(info: dict[str, Any]) -> str:
     # Our own JSON text: the SDK's serializer turns integers beyond 2**53 into strings and cuts
     # nesting deeper than 20 levels, and a lossless import needs neither.
     return json.dumps(info)
 
 
-def _history_info(history: History) -> dict[str, Any]:
+def history_info(history: History) -> dict[str, Any]:
     dumped = history.model_dump(mode="json", exclude_none=True)
     last_turn = max(
         (i for i, item in enumerate(history.conversation) if isinstance(item, ModelTurn)), default=-1
@@ -30,7 +32,7 @@ def _history_info(history: History) -> dict[str, Any]:
     }
 
 
-def _prompt(history: History) -> list[dict[str, Any]]:
+def prompt_of(history: History) -> list[dict[str, Any]]:
     """The messages before the first model turn: the task as the model first saw it."""
     prompt = []
     for item in history.conversation:
@@ -40,12 +42,12 @@ def _prompt(history: History) -> list[dict[str, Any]]:
     return prompt
 
 
-def _final(history: History) -> dict[str, Any] | None:
+def final_message(history: History) -> dict[str, Any] | None:
     messages = history.openai_messages()
     return messages[-1] if messages else None
 
 
-def _export_history(parent: Any, history: History) -> None:
+def export_history(parent: Any, history: History) -> None:
     messages: list[dict[str, Any]] = []
     answers = {
         item.tool_call_id: item.model_dump(mode="json")["content"]
@@ -69,7 +71,7 @@ def _export_history(parent: Any, history: History) -> None:
                 model_parameters=_display_parameters(item.sampling),
                 usage_details=usage or None,
                 metadata={
-                    KEY: _payload(
+                    KEY: payload(
                         {
                             "schema": SCHEMA,
                             "index": index,

@@ -29,7 +29,6 @@ the group and returns: rollouts and training go on.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -46,6 +45,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the installed extras
     raise MissingDependencyError("langfuse", "langfuse", "Langfuse export and import") from error
 
+from journeyman.integrations._langfuse_fetch import find_traces, observations, trace_scores
 from journeyman.integrations._langfuse_read import (
     JUDGE_EXPLANATION,
     KEY,
@@ -53,7 +53,13 @@ from journeyman.integrations._langfuse_read import (
     SCHEMA,
     trajectory_from_observations,
 )
-from journeyman.integrations._langfuse_spans import _export_history, _final, _history_info, _payload, _prompt
+from journeyman.integrations._langfuse_spans import (
+    export_history,
+    final_message,
+    history_info,
+    payload,
+    prompt_of,
+)
 
 __all__ = [
     "JUDGE_EXPLANATION",
@@ -68,7 +74,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_OBSERVATION_FIELDS = "core,basic,time,io,metadata,model,usage,trace_context"
 _CHECK_SECONDS = 30.0
 _checked: weakref.WeakKeyDictionary[Langfuse, tuple[float, str | None]] = weakref.WeakKeyDictionary()
 """Each client's last connection check (time, problem), forgotten with the client: keyed by id(),
@@ -189,7 +194,7 @@ class LangfuseExporter:
                     "final_policy_version",
                 },
             ),
-            **_history_info(main),
+            **history_info(main),
         }
         with propagate_attributes(
             session_id=self.session_id, tags=tags or None, trace_name=trajectory.name or "trajectory"
@@ -198,20 +203,20 @@ class LangfuseExporter:
                 trace_context={"trace_id": tid},
                 as_type="agent",
                 name=trajectory.name or "trajectory",
-                input=_prompt(main),
-                output=_final(main),
-                metadata={KEY: _payload(info)},
+                input=prompt_of(main),
+                output=final_message(main),
+                metadata={KEY: payload(info)},
             )
-            _export_history(root, main)
+            export_history(root, main)
             for index, history in enumerate(branches, start=1):
                 branch = root.start_observation(
                     as_type="agent",
                     name=history.name or f"history-{index}",
-                    input=_prompt(history),
-                    output=_final(history),
-                    metadata={KEY: _payload({"schema": SCHEMA, "history": index, **_history_info(history)})},
+                    input=prompt_of(history),
+                    output=final_message(history),
+                    metadata={KEY: payload({"schema": SCHEMA, "history": index, **history_info(history)})},
                 )
-                _export_history(branch, history)
+                export_history(branch, history)
                 branch.end()
             root.end()
         self._score(trajectory, tid)
@@ -277,9 +282,9 @@ def export_trajectories(
 
 
 def exporter_for(target: Any, **labels: Any) -> LangfuseExporter:
-    """The exporter behind ``langfuse=`` on gather/train: True, a Langfuse client, or an exporter."""
-    if isinstance(target, LangfuseExporter):
-        return target
+    """The exporter behind ``langfuse=`` on gather/train (the ``journeyman.exporters`` entry point):
+    ``target`` is True (the client from the environment) or a Langfuse client; an exporter already
+    made is used as it is by :func:`journeyman.plugins.exporter` and never reaches here."""
     return LangfuseExporter(None if target is True else target, **labels)
 
 
@@ -306,17 +311,17 @@ def import_trajectories(
                 "import_trajectories needs trace_ids or a filter (session_id, tags, name, from_time, "
                 "to_time): reading a whole project is rarely what you want"
             )
-        ids = _find_traces(client, session_id, tags, name, from_time, to_time, limit)
-    scores = _scores(client, ids)
+        ids = find_traces(client, session_id, tags, name, from_time, to_time, limit)
+    scores = trace_scores(client, ids)
     trajectories = []
     for tid in ids:
-        observations = _observations(client, tid)
-        if not observations:
+        found = observations(client, tid)
+        if not found:
             raise InvalidDataError(
                 f"trace {tid} has no observations in Langfuse: check the id and the project of the keys "
                 "(a trace sent seconds ago may still be in ingestion)"
             )
-        trajectories.append(trajectory_from_observations(observations, scores.get(tid, []), reward_score))
+        trajectories.append(trajectory_from_observations(found, scores.get(tid, []), reward_score))
     return trajectories
 
 
@@ -354,82 +359,3 @@ def _connection_problem(client: Langfuse) -> str | None:
 def _score_id(tid: str, name: str) -> str:
     # Deterministic, so exporting again updates the score instead of adding another.
     return Langfuse.create_trace_id(seed=f"{tid}:{name}")
-
-
-# Import helpers ------------------------------------------------------------------------------
-
-
-def _find_traces(
-    client: Langfuse,
-    session_id: str | None,
-    tags: Sequence[str] | None,
-    name: str | None,
-    from_time: datetime | None,
-    to_time: datetime | None,
-    limit: int,
-) -> list[str]:
-    # One structured filter: when `filter` is given, Langfuse ignores the single query parameters.
-    filters: list[dict[str, Any]] = [
-        {"type": "boolean", "column": "isRootObservation", "operator": "=", "value": True}
-    ]
-    if session_id is not None:
-        filters.append({"type": "string", "column": "sessionId", "operator": "=", "value": session_id})
-    if tags:
-        filters.append({"type": "arrayOptions", "column": "tags", "operator": "all of", "value": list(tags)})
-    if name is not None:
-        filters.append({"type": "string", "column": "traceName", "operator": "=", "value": name})
-    if from_time is not None:
-        filters.append(
-            {"type": "datetime", "column": "startTime", "operator": ">=", "value": from_time.isoformat()}
-        )
-    if to_time is not None:
-        filters.append(
-            {"type": "datetime", "column": "startTime", "operator": "<", "value": to_time.isoformat()}
-        )
-    ids: dict[str, None] = {}
-    cursor = None
-    while len(ids) < limit:
-        page = client.api.observations.get_many(
-            fields="core", filter=json.dumps(filters), limit=min(1000, limit), cursor=cursor
-        )
-        ids.update((o.trace_id, None) for o in page.data if o.trace_id)
-        cursor = page.meta.cursor
-        if not cursor or not page.data:
-            break
-    return list(ids)[:limit]
-
-
-def _observations(client: Langfuse, tid: str) -> list[Any]:
-    observations: list[Any] = []
-    cursor = None
-    while True:
-        page = client.api.observations.get_many(
-            trace_id=tid,
-            fields=_OBSERVATION_FIELDS,
-            expand_metadata=f"{KEY},tool_call_id",
-            limit=1000,
-            cursor=cursor,
-        )
-        observations.extend(page.data)
-        cursor = page.meta.cursor
-        if not cursor or not page.data:
-            return observations
-
-
-def _scores(client: Langfuse, trace_ids: list[str]) -> dict[str, list[Any]]:
-    found: dict[str, list[Any]] = {}
-    for start in range(0, len(trace_ids), 50):
-        chunk = trace_ids[start : start + 50]
-        cursor = None
-        while True:
-            page = client.api.scores.get_many(
-                trace_id=",".join(chunk), fields="details,subject", limit=100, cursor=cursor
-            )
-            for score in page.data:
-                # Trace-level scores only: a score on one observation does not rate the trajectory.
-                if score.subject is not None and score.subject.kind == "trace":
-                    found.setdefault(score.subject.id, []).append(score)
-            cursor = page.meta.cursor
-            if not cursor or not page.data:
-                break
-    return found

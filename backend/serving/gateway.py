@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,17 +34,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from journeyman.errors import BackendError, StorageError
+from journeyman.errors import StorageError
 from journeyman.records import (
     ROLLOUT_HEADER,
     SAMPLING_KEYS,
     ChoiceRecord,
     CompletionRecord,
-    register_in_process,
-    unregister_in_process,
 )
 
 from .answers import StreamState, choice_records, strip, tag_deltas
+from .gateway_thread import GatewayThread
 from .record_log import RecordLog
 from .router import ModelUnavailableError, Router
 
@@ -357,66 +355,3 @@ async def _request_body(request: Request, rollout_id: str | None) -> dict[str, A
         if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
             return _error(400, f"'{key}' must be a list of JSON objects", "invalid_request")
     return body
-
-
-class GatewayThread:
-    """Runs a gateway with uvicorn on a thread of its own (its own event loop).
-
-    While it runs, tracers in this process that point at its URL read its records directly
-    (``journeyman.records.in_process_records``) instead of over HTTP.
-    """
-
-    def __init__(
-        self,
-        gateway: Gateway,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        *,
-        shutdown_timeout: int = 10,
-    ) -> None:
-        import uvicorn
-
-        from .vllm import free_port
-
-        self.gateway = gateway
-        self.host = host
-        self.port = port or free_port(host)
-        config = uvicorn.Config(
-            gateway.app,
-            host=host,
-            port=self.port,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=shutdown_timeout,  # requests still running then are cut off
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="journeyman-gateway", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> GatewayThread:
-        if self._thread.is_alive():
-            return self
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise BackendError(f"the gateway did not start on {self.base_url} (port in use?)")
-            time.sleep(0.02)
-        if isinstance(self.gateway, Gateway):
-            register_in_process(self.base_url, self.gateway.records)
-        return self
-
-    def stop(self) -> None:
-        if isinstance(self.gateway, Gateway):
-            unregister_in_process(self.base_url, self.gateway.records)
-        self._server.should_exit = True
-        self._thread.join()
-
-    def __enter__(self) -> GatewayThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

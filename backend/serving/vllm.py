@@ -17,14 +17,11 @@ import contextlib
 import ctypes
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,100 +31,11 @@ from journeyman.errors import AdapterError, BackendError, ConfigError, ServerSta
 
 from ..settings import vllm_python
 from .families import TOOL_PARSER_PLUGIN, serving_defaults
+from .vllm_config import PLUGIN_DIR, VLLMConfig, cpu_has_bf16, cuda_available, free_port
 
-__all__ = ["VLLMConfig", "VLLMServer", "cuda_available", "free_port"]
+__all__ = ["VLLMConfig", "VLLMServer", "cpu_has_bf16", "cuda_available", "free_port"]
 
 logger = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def cuda_available() -> bool:
-    """True when an NVIDIA GPU is visible (checked without importing torch)."""
-    return (
-        shutil.which("nvidia-smi") is not None
-        and subprocess.run(["nvidia-smi", "-L"], capture_output=True, check=False).returncode == 0
-    )
-
-
-def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True when this CPU computes in bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo.
-    Elsewhere bf16 matmuls are emulated: on this project's 2-core AVX2 machine a 2048^3 matmul ran
-    at 0.3 GFLOP/s in bf16 against 156 in fp32, and vLLM's bf16 linear layers at 20 against 150."""
-    try:
-        flags = next(
-            (line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), ""
-        ).split()
-    except OSError:
-        return True  # not Linux: leave the choice to vLLM's default for the platform
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-PLUGIN_DIR = Path(__file__).parent / "vllm_plugin"
-
-
-@dataclass(frozen=True)
-class VLLMConfig:
-    """How to start the server. Defaults suit the embedded 135M model on a 2-core CPU."""
-
-    model: str | Path
-    """A Hugging Face folder (or hub name on machines that have access)."""
-    served_name: str = "base"
-    """The name the base model is served under."""
-    host: str = "127.0.0.1"
-    port: int | None = None
-    """None picks a free port."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: str = "auto"
-    """Weights and activations (``--dtype``). ``auto``: bfloat16 on CUDA and on CPUs with bf16
-    instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`)."""
-    max_model_len: int = 4096
-    enable_lora: bool = True
-    max_lora_rank: int = 16
-    """Largest LoRA rank that can be loaded; a larger adapter is refused with a clear error."""
-    max_loras: int = 2
-    """Adapters usable in one batch (more can stay loaded; vLLM swaps them)."""
-    kv_cache_gib: float = 2.0
-    """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
-    gpu_memory_utilization: float = 0.5
-    """Share of GPU memory vLLM may take on CUDA (the rest is left to the trainer)."""
-    tool_parser: str | None = "auto"
-    """Tool-call parser for ``--enable-auto-tool-choice``: ``auto`` picks it from the model's chat
-    template (``backend/serving/families.py``; ``journeyman``, our tolerant hermes parser, for ``<tool_call>``
-    templates), a name picks one of vLLM's, None disables tool calling."""
-    chat_template: Path | None = None
-    """Chat template file; by default the model folder's tool-aware template when it has one, else
-    the tokenizer's own."""
-    cpu_cores: str = "auto"
-    """CPU only: cores the inference threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``), e.g.
-    ``"0"`` or ``"0-3"``. Binding keeps vLLM from fighting the trainer for the same cores."""
-    reserved_cpus: int | None = None
-    """CPU only: cores left for the API front end (``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
-    merge_adapters: bool = False
-    """Serve one trained model with each new adapter merged into the base weights, reloaded in
-    place, instead of as a LoRA adapter (``backend/serving/merge.py``): vLLM runs without LoRA, which on
-    CPU keeps its compiled graphs (about 2x faster decoding here). Only the current version is
-    served. Turns on vLLM's development endpoints, so the server must bind to loopback."""
-    cpu_lora_plugin: bool = True
-    """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
-    (``backend/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
-    tensor_parallel_size: int = 1
-    """GPUs one replica's weights are split over (``--tensor-parallel-size``)."""
-    data_parallel_size: int = 1
-    """Engine copies inside this server, each on its own GPUs (``--data-parallel-size``); for
-    replicas on several machines, see ``backend/serving/replicas.py``."""
-    startup_timeout: float = 900.0
-    """Seconds to wait for /health: a server without LoRA compiles its graphs first (about 3 minutes
-    for a 0.5B model on 2 cores)."""
-    extra_args: tuple[str, ...] = ()
-    """Further command-line arguments passed to vLLM as they are."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Further environment variables for the server process."""
 
 
 class VLLMServer:

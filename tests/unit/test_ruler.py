@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.judgements import _InvalidAnswer, _parse
+from journeyman.judgements import InvalidAnswer, parse_scores
 from tests.scripted_judge import Reply, ScriptedJudge, reversed_ids, running, scores
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}
@@ -446,7 +446,7 @@ async def test_as_gather_after_each(url: str, script: ScriptedJudge) -> None:
     ],
 )
 def test_answers_in_other_shapes_are_understood(text: str, expected: list[tuple[float, str]]) -> None:
-    parsed = _parse(text, ["1", "2"])
+    parsed = parse_scores(text, ["1", "2"])
     assert [(parsed[i].score, parsed[i].explanation) for i in ["1", "2"]] == expected
 
 
@@ -462,8 +462,8 @@ def test_answers_in_other_shapes_are_understood(text: str, expected: list[tuple[
     ],
 )
 def test_invalid_answers_are_refused(text: str) -> None:
-    with pytest.raises(_InvalidAnswer):
-        _parse(text, ["1", "2"])
+    with pytest.raises(InvalidAnswer):
+        parse_scores(text, ["1", "2"])
 
 
 async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudge, judge: jm.Judge) -> None:
