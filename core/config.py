@@ -7,21 +7,49 @@ wins and nothing is mutated after construction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from journeyman.errors import ConfigError
 
-__all__ = ["CLIP_DEFAULTS", "LoRAConfig", "LossType", "Scale", "TrainConfig"]
+__all__ = [
+    "LOSSES",
+    "Aggregation",
+    "LoRAConfig",
+    "LossType",
+    "LossVariant",
+    "Objective",
+    "Scale",
+    "TrainConfig",
+]
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"]
+Objective = Literal["ppo", "gspo", "cispo"]
+Aggregation = Literal["sequence_mean", "token_mean", "constant"]
 
-CLIP_DEFAULTS: dict[str, tuple[float, float]] = {
-    "grpo": (0.2, 0.2), "dr_grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "gspo": (3e-4, 4e-4), "cispo": (0.2, 5.0),
-}  # fmt: skip
-"""Each loss's default clip range (epsilon, epsilon_high), from its paper. A new loss adds its name
-to ``LossType``, a line here and its entry in ``journeyman.backend.training.loss.LOSSES``."""
+
+@dataclass(frozen=True)
+class LossVariant:
+    """A loss as the trainer runs it (``journeyman.backend.training.loss``): its per-token objective,
+    how the tokens are aggregated, and its paper's default clip range (epsilon, epsilon_high)."""
+
+    objective: Objective
+    aggregation: Aggregation
+    epsilon: float
+    epsilon_high: float
+
+
+LOSSES: dict[str, LossVariant] = {
+    "grpo": LossVariant("ppo", "sequence_mean", 0.2, 0.2),
+    "dr_grpo": LossVariant("ppo", "constant", 0.2, 0.2),
+    "dapo": LossVariant("ppo", "token_mean", 0.2, 0.28),
+    "gspo": LossVariant("gspo", "sequence_mean", 3e-4, 4e-4),
+    "cispo": LossVariant("cispo", "token_mean", 0.2, 5.0),
+}
+"""The loss table. A new loss is its name in ``LossType`` and one line here; a new objective also
+adds its function to the trainer's ``loss.py``."""
 
 
 Scale = Literal["group", "batch", "none"]
@@ -77,7 +105,7 @@ class TrainConfig(BaseModel):
 
     @property
     def effective_epsilon(self) -> float:
-        return self.epsilon if self.epsilon is not None else CLIP_DEFAULTS[self.loss][0]
+        return self.epsilon if self.epsilon is not None else LOSSES[self.loss].epsilon
 
     @property
     def effective_epsilon_high(self) -> float:
@@ -86,7 +114,7 @@ class TrainConfig(BaseModel):
         return (
             self.epsilon
             if self.epsilon is not None and self.loss in ("grpo", "dr_grpo")
-            else CLIP_DEFAULTS[self.loss][1]
+            else LOSSES[self.loss].epsilon_high
         )
 
     @property

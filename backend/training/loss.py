@@ -70,7 +70,7 @@ from typing import Literal
 
 import torch
 
-from journeyman.config import LossType, Scale
+from journeyman.config import LOSSES, Aggregation, LossType, Scale
 
 __all__ = [
     "LOSSES",
@@ -85,8 +85,6 @@ __all__ = [
     "policy_loss",
     "ppo_clip_objective",
 ]
-
-Aggregation = Literal["sequence_mean", "token_mean", "constant"]
 
 
 def advantages(
@@ -218,21 +216,6 @@ class LossParts:
     """Share of trained tokens whose ratio was clipped."""
     masked_by_mismatch: torch.Tensor
     """Tokens dropped by ``mismatch="mask"``."""
-
-
-@dataclass(frozen=True)
-class _Variant:
-    objective: Literal["ppo", "gspo", "cispo"]
-    aggregation: Aggregation
-
-
-LOSSES: dict[str, _Variant] = {
-    "grpo": _Variant("ppo", "sequence_mean"),
-    "dr_grpo": _Variant("ppo", "constant"),
-    "dapo": _Variant("ppo", "token_mean"),
-    "gspo": _Variant("gspo", "sequence_mean"),
-    "cispo": _Variant("cispo", "token_mean"),
-}
 
 
 def policy_loss(
