@@ -19,9 +19,16 @@ from journeyman.errors import ConfigError
 from . import fused_lora
 from .checkpoints import ADAPTER
 
-__all__ = ["bf16_supported", "load_transformers", "load_unsloth", "training_dtype", "unsloth_chosen"]
+__all__ = [
+    "TRAINING_ENGINES",
+    "bf16_supported",
+    "load_transformers",
+    "load_unsloth",
+    "training_dtype",
+    "unsloth_chosen",
+]
 
-ENGINES = ("auto", "transformers", "unsloth")
+TRAINING_ENGINES = ("auto", "transformers", "unsloth")
 
 
 def bf16_supported() -> bool:
@@ -40,8 +47,6 @@ def training_dtype(precision: str) -> torch.dtype:
 
 def unsloth_chosen(engine: str) -> bool:
     """Unsloth when asked for, or by default where CUDA and Unsloth are both present."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine must be auto, transformers or unsloth, got {engine!r}")
     if engine == "unsloth":
         if not (torch.cuda.is_available() and importlib.util.find_spec("unsloth")):
             raise ConfigError("engine='unsloth' needs a CUDA GPU and `pip install 'journeyman[unsloth]'`")
@@ -78,7 +83,7 @@ def load_transformers(
     tokenizer = AutoTokenizer.from_pretrained(path)
     base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if checkpoint is None:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):  # the same initial adapter for the same seed
             torch.manual_seed(seed)
             model = get_peft_model(base, _peft_config(lora))
     else:

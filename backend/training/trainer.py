@@ -48,7 +48,14 @@ except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
 from .checkpoints import ADAPTER, OPTIMIZER, STATE, checkpoint_tensors, read_optimizer, write_checkpoint
-from .loading import bf16_supported, load_transformers, load_unsloth, training_dtype, unsloth_chosen
+from .loading import (
+    TRAINING_ENGINES,
+    bf16_supported,
+    load_transformers,
+    load_unsloth,
+    training_dtype,
+    unsloth_chosen,
+)
 
 __all__ = ["ADAPTER", "OPTIMIZER", "STATE", "StepResult", "Trainer", "bf16_supported"]
 
@@ -89,7 +96,8 @@ class Trainer:
         self.precision = precision
         self.threads = threads
         self.deploy = deploy
-        unsloth_chosen(engine)  # a bad name fails here, not at the first step
+        if engine not in TRAINING_ENGINES:
+            raise ConfigError(f"engine must be auto, transformers or unsloth, got {engine!r}")
         self.engine = engine
         self.step = 0
         self.model: Any = None
