@@ -341,6 +341,13 @@ about, is better than one that does not.
 }
 """The task's rubric for each way of judging (``--judge-rubric task``): it says what success is."""
 
+CRITERIA = [
+    "Did the agent call read_email and get an email back in this attempt?",
+    "Did the agent call answer with the value the user asked for, copied from an email it read in this attempt?",
+]
+"""Verdicts only (``--judge-criteria task``): yes/no questions asked one by one instead of whether the
+goal was achieved; an attempt's score is the product of their P(yes)."""
+
 
 def success(trajectory: jm.Trajectory) -> bool:
     """The right answer, by the known answer (a judge's score, when there is one, is the reward)."""
@@ -399,7 +406,7 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
         after_each = functools.partial(
             jm.ruler_score_group, judge=judge, judge_weight=args.judge_weight, reward_weight=args.reward_weight,
             method=args.judge_method, rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,
-            reward_from=args.judge_reward,
+            reward_from=args.judge_reward, criteria=CRITERIA if args.judge_criteria == "task" else None,
         )  # fmt: skip
     summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
                                "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
@@ -475,6 +482,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--judge-rubric", choices=["default", "task"], default="default",
         help="the method's general rubric, or the task's own (what a right answer is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--judge-criteria", choices=["none", "task"], default="none",
+        help="verdicts: ask the task's yes/no criteria one by one instead of whether the goal was achieved",
     )  # fmt: skip
     parser.add_argument(
         "--judge-reward", choices=["score", "rank", "best"], default="score",
