@@ -49,6 +49,7 @@ from typing import Any
 from journeyman.calibration_report import Calibration, GroupCalibration, group_advantages, kendall_tau
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
+from journeyman.judge_probes import without_the_work
 from journeyman.ruler import Method, judge_trajectories
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
@@ -79,6 +80,7 @@ async def calibrate_judge(
     reference: bool = False,
     truth: Callable[[Trajectory], float | None] = known_reward,
     seed: int = 0,
+    probes: bool = False,
 ) -> Calibration:
     """Judge each group in ``orders`` presentations and compare the scores with ``truth``.
 
@@ -92,6 +94,11 @@ async def calibrate_judge(
     presentations at once (within ``judge.max_concurrency``), so each group's seconds are its own.
     A presentation the judge fails (:class:`~journeyman.errors.JudgeError`) is recorded in the
     group's ``errors`` and counted; the others still count.
+
+    ``probes``: also judge, beside each group, a made-up answer per success that used tools (its
+    final answer without the work before it: :func:`~journeyman.judge_probes.without_the_work`), in
+    one more presentation, and count how often the success scores higher. A judge that trains a
+    policy must score low what the policy can learn to do, not only rank what it does now.
     """
     if orders is None:
         orders = 3 if method == "scores" else 1
@@ -114,7 +121,10 @@ async def calibrate_judge(
         if len(known) < 2:
             report.skipped.append(f"{group.id}: {len(known)} trajectory(ies) with a known reward, 2 needed")
             continue
-        report.groups.append(await _calibrate_group(group.id, known, judge, orders, judging, seed))
+        calibrated = await _calibrate_group(group.id, known, judge, orders, judging, seed)
+        if probes:
+            await _probe_group(calibrated, known, judge, judging)
+        report.groups.append(calibrated)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -196,6 +206,37 @@ async def _calibrate_group(
             scored
         )
     return result
+
+
+async def _probe_group(
+    result: GroupCalibration, known: list[tuple[Trajectory, float]], judge: Judge, judging: dict[str, Any]
+) -> None:
+    """Judge the group with a made-up answer after it for each success that used tools; record how
+    each scored against its success, in the same presentation."""
+    top = max(r for _, r in known)
+    if top == min(r for _, r in known):
+        return  # no success to tell apart from a failure
+    made = [
+        (i, copy) for i, (t, r) in enumerate(known) if r == top and (copy := without_the_work(t)) is not None
+    ]
+    if not made:
+        return
+    shown = [t for t, _ in known] + [copy for _, copy in made]
+    start = time.perf_counter()
+    try:
+        judgement = await judge_trajectories(shown, judge=judge, **judging)
+    except JudgeError as error:
+        result.errors.append(f"probes: {type(error).__name__}: {error}")
+        return
+    finally:
+        result.seconds += time.perf_counter() - start
+    scores = [score.score for score in judgement.scores]
+    for k, (i, _) in enumerate(made):
+        success, probe = scores[i], scores[len(known) + k]
+        result.probe_scores.append((success, probe))
+        result.probes += 1
+        result.probes_below += probe < success
+        result.probes_tied += probe == success
 
 
 def _content(trajectory: Trajectory) -> str:

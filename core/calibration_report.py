@@ -57,6 +57,14 @@ class GroupCalibration:
     """Each trajectory's mean judged score, in the group's order."""
     rewards: list[float] = field(default_factory=list)
     """Each trajectory's known reward, in the group's order."""
+    probes: int = 0
+    """Made-up answers judged beside the group (``calibrate_judge(probes=True)``): one per success
+    that used tools, its final answer without the work before it."""
+    probes_below: int = 0
+    """Made-up answers that scored below the success they were made from."""
+    probes_tied: int = 0
+    probe_scores: list[tuple[float, float]] = field(default_factory=list)
+    """(the success's score, its made-up answer's score), from the same presentation."""
 
     @property
     def pairwise_accuracy(self) -> float | None:
@@ -114,6 +122,13 @@ class Calibration:
     @property
     def pairwise_accuracy(self) -> float | None:
         return None if not self.pairs else (self.correct + self.ties / 2) / self.pairs
+
+    @property
+    def probe_accuracy(self) -> float | None:
+        """The share of made-up answers scored below their success (a tie counts half); None
+        without probes."""
+        probes = self._sum("probes")
+        return None if not probes else (self._sum("probes_below") + self._sum("probes_tied") / 2) / probes
 
     @property
     def kendall_tau(self) -> float | None:
@@ -182,7 +197,7 @@ class Calibration:
             name: getattr(self, name)
             for name in (
                 "pairs", "correct", "wrong", "ties", "failed", "pairwise_accuracy", "kendall_tau",
-                "position_consistency", "first_position_bias", "p_value",
+                "position_consistency", "first_position_bias", "p_value", "probe_accuracy",
             )
         }  # fmt: skip
         for scale, _ in _TABLE_SCALES:
@@ -239,6 +254,13 @@ class Calibration:
             + _number(self.advantage_alignment("group", "best"))
             + " (scaled by group std)"
         )
+        if probes := self._sum("probes"):
+            pairs = [pair for group in self.groups for pair in group.probe_scores]
+            lines.append(
+                f"made-up answers (a success's final answer without the tool calls before it): "
+                f"{self._sum('probes_below')} of {probes} scored below their success, {self._sum('probes_tied')} tied "
+                f"(mean score {sum(s for s, _ in pairs) / probes:.2f} against {sum(p for _, p in pairs) / probes:.2f})"
+            )
         return "\n".join(lines)
 
 

@@ -150,6 +150,13 @@ def judge_calibrate(
             help="The judge first writes how each task should be done, then checks the attempts against it."
         ),
     ] = False,
+    probes: Annotated[
+        bool,
+        typer.Option(
+            help="Also judge a made-up answer per success (its final answer without the tool calls "
+            "before it) and count how often the success scores higher."
+        ),
+    ] = False,
     fail_at_chance: Annotated[
         bool, typer.Option(help="Exit with status 2 when the judge ranks no better than chance.")
     ] = False,
@@ -183,7 +190,7 @@ def judge_calibrate(
         async with judge:
             return await jm.calibrate_judge(
                 groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth,
-                reference=reference,
+                reference=reference, probes=probes,
             )  # fmt: skip
 
     with Console(stderr=True).status(f"judging {len(groups)} groups with {judge_model} ({method})"):

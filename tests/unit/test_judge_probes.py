@@ -1,0 +1,144 @@
+"""Made-up answers as probes for a judge: built from a success, judged beside its group, counted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import journeyman as jm
+from journeyman.backend.app.cli import app
+from journeyman.judge_probes import without_the_work
+from tests.scripted_judge import Reply, ScriptedJudge, running
+from tests.unit.test_ruler import calling, verdict
+
+SYSTEM = {"role": "system", "content": "You add numbers with the add tool."}
+QUESTION = {"role": "user", "content": "What is 2+3?"}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+WORKED = [  # a worked example before the question: its call and result stay in the probe
+    {"role": "user", "content": "What is 1+1?"},
+    calling("w1", "add", '{"a": 1, "b": 1}'),
+    {"role": "tool", "tool_call_id": "w1", "content": "2"},
+    {"role": "assistant", "content": "It is 2."},
+]
+
+
+def attempt(*messages: dict[str, Any], reward: float | None = None) -> jm.Trajectory:
+    return jm.Trajectory(conversation=[SYSTEM, *WORKED, QUESTION, *messages], tools=TOOLS, reward=reward)
+
+
+ADDED = [calling("c1", "add", '{"a": 2, "b": 3}'), {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+
+
+def test_the_probe_keeps_the_request_and_the_final_answer_and_leaves_out_the_work() -> None:
+    success = attempt(*ADDED, {"role": "assistant", "content": "It is 5."}, reward=1.0)
+    probe = without_the_work(success)
+    assert probe is not None and probe.id == f"{success.id}~probe" and probe.reward is None
+    assert probe.openai_messages() == [
+        SYSTEM,
+        *success.openai_messages()[1:6],
+        {"role": "assistant", "content": "It is 5."},
+    ]
+    assert probe.tools == success.tools
+
+    # An agent that answers through a tool keeps that call, now made without looking anything up.
+    answered = attempt(*ADDED, calling("c2", "answer", '{"text": "5"}'))
+    probe = without_the_work(answered)
+    assert probe is not None
+    assert probe.openai_messages()[-1]["tool_calls"] == calling("c2", "answer", '{"text": "5"}')["tool_calls"]
+    assert probe.openai_messages()[-2] == QUESTION
+
+    # Nothing to leave out: no call after the request, or no answer at all.
+    assert without_the_work(attempt({"role": "assistant", "content": "It is 5."})) is None
+    assert without_the_work(attempt(calling("c2", "answer", '{"text": "5"}'))) is None
+    assert without_the_work(attempt(*ADDED)) is None
+    assert without_the_work(jm.Trajectory(conversation=[SYSTEM])) is None
+
+
+def group() -> jm.TrajectoryGroup:
+    return jm.TrajectoryGroup(
+        [
+            attempt(*ADDED, {"role": "assistant", "content": "It is 5."}, reward=1.0),
+            attempt(*ADDED, {"role": "assistant", "content": "It is 4."}, reward=0.0),
+            attempt({"role": "assistant", "content": "It is 4."}, reward=0.0),
+        ],
+        id="probed",
+    )
+
+
+def reads_the_work(request: dict[str, Any]) -> Reply:
+    """Yes only for an answer of 5 after the tool's result 5."""
+    prompt = request["messages"][-1]["content"]
+    return (
+        verdict(0.9, 0.1) if "-> 5" in prompt and "final message: It is 5." in prompt else verdict(0.1, 0.9)
+    )
+
+
+def reads_the_claim(request: dict[str, Any]) -> Reply:
+    """Yes for any answer of 5, however it was come by."""
+    prompt = request["messages"][-1]["content"]
+    return verdict(0.9, 0.1) if "final message: It is 5." in prompt else verdict(0.1, 0.9)
+
+
+@pytest.fixture
+def script() -> ScriptedJudge:
+    return ScriptedJudge()
+
+
+@pytest.fixture
+def judge(script: ScriptedJudge, tmp_path: Path) -> Iterator[jm.Judge]:
+    with running(script) as url:
+        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)
+
+
+async def test_a_judge_that_reads_the_work_scores_the_made_up_answer_below_its_success(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = reads_the_work
+    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    (calibrated,) = report.groups
+    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (1, 1, 0)
+    assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1))]
+    assert report.probe_accuracy == 1.0 and report.to_dict()["summary"]["probe_accuracy"] == 1.0
+    assert (
+        "made-up answers (a success's final answer without the tool calls before it): 1 of 1 scored below"
+        in (report.table())
+    )
+    # The group's own pairs are counted as without probes: the probe is not one of its trajectories.
+    assert (report.pairs, report.correct) == (2, 2) and calibrated.trajectories == 3
+
+
+async def test_a_judge_that_reads_the_claim_is_caught_by_the_probe_though_it_ranks_the_group_right(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    script.respond = reads_the_claim
+    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    assert report.pairwise_accuracy == 1.0  # the group alone cannot tell the two judges apart
+    assert report.probe_accuracy == 0.5 and report.groups[0].probes_tied == 1
+    assert "0 of 1 scored below their success, 1 tied" in report.table()
+
+
+async def test_without_probes_nothing_more_is_judged(script: ScriptedJudge, judge: jm.Judge) -> None:
+    script.respond = reads_the_work
+    report = await jm.calibrate_judge([group()], judge, method="verdict")
+    assert report.probe_accuracy is None and "made-up answers" not in report.table()
+    assert len(script.received) == 3  # one verdict per trajectory, no fourth for a probe
+
+
+def test_judge_calibrate_probes_through_the_cli(script: ScriptedJudge, tmp_path: Path) -> None:
+    script.respond = reads_the_work
+    jm.ModelStore("demo", "agent", root=tmp_path).save_groups([group()], "train", 1)
+    with running(script) as url:
+        result = CliRunner().invoke(
+            app,
+            ["judge", "calibrate", "demo", "agent", "--judge-model", "judge", "--judge-base-url", url,
+             "--method", "verdict", "--probes", "--out", str(tmp_path / "r.json"), "--root", str(tmp_path)],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 scored below their success" in result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["summary"]["probe_accuracy"] == 1.0 and report["groups"][0]["probes_below"] == 1
