@@ -247,35 +247,25 @@ def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     """What an attempt came to, in lines a small judge cannot miss: the user's request it answers,
     each tool call it made with its arguments and result (in every history, after the shared start),
     and its final message. A result the agent made up in its own words is then plainly not a tool's,
-    and a call that does not fit the request sits next to it. A call that got no result is listed as
-    such: an agent that ends by calling a tool (``answer``, ``final_answer``) shows its answer there,
-    not as "final message: none" beside an attempt that wrote a made-up answer as text. None for an
-    attempt with no tools and no tool results (saying "none" would read as a failure).
+    and a call that does not fit the request sits next to it. None for an attempt with no tools and
+    no tool results (saying "none" would read as a failure).
 
     Measured on the demo's groups (the 1.5B, verdicts, the demo's rubric): with the tool results and the final message,
     P(yes) for answers written after a fake ``<tool_response>`` fell from 0.78 to 0.48 on average;
     with the request and the calls' arguments as well, the pairs it ranked right in groups where the
     policy called multiply for sums rose from 65% to 75%."""
     calls: dict[str, str] = {}
-    made: list[str] = []  # the ids of the calls the attempt made, in order
-    answered: set[str] = set()
     results = []
     for k, conversation in enumerate(conversations):
         for n, message in enumerate(conversation.messages):
-            own = k > 0 or n >= shared
             for call in message.get("tool_calls") or []:
                 function = call.get("function", {})
                 calls[call.get("id", "")] = (
                     f"{function.get('name', '')} {_text(function.get('arguments', ''))}"
                 )
-                made += [call.get("id", "")] if own else []
-            if message["role"] == "tool" and own:
-                answered.add(message.get("tool_call_id", ""))
+            if message["role"] == "tool" and (k > 0 or n >= shared):
                 call = calls.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
                 results.append(f"{call} -> {_text(message.get('content')).strip()}")
-    results += [
-        f"{calls[i]} -> no result (the attempt ended with this call)" for i in made if i not in answered
-    ]
     if not results and not any(c.tools for c in conversations):
         return None
     messages = conversations[0].messages
