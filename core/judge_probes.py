@@ -7,20 +7,23 @@ base policy's pairs right, and a policy trained on its P(yes) learned to write a
 without calling a tool, which it scored up to 0.80. Calibration on the groups alone could not see
 it: they held no such attempt.
 
-:func:`without_the_work` makes that attempt from a successful one: the same request and the same
-final answer, with the tool calls and tool results that led to it removed. For a tool-using task
-it is a made-up answer (right only by luck, or copied from somewhere else), and a judge that
-rewards the work, not the claim, scores it lower. ``calibrate_judge(probes=True)`` judges one per
-success of each group beside the group and counts how often the success scores higher.
+:func:`made_up_answers` makes such attempts from a successful one: the same request and the same
+final answer with the tool calls and results that led to it left out (:func:`without_the_work`),
+and, when the answer was given through a tool call, the same answer written as text with no call at
+all (:func:`as_text`), the form the email policy found. For a tool-using task each is a made-up
+answer (right only by luck, or copied from somewhere else), and a judge that rewards the work, not
+the claim, scores it lower. ``calibrate_judge(probes=True)`` judges them beside each group and
+counts how often the success scores higher.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from journeyman.trajectory import Trajectory
 
-__all__ = ["without_the_work"]
+__all__ = ["as_text", "made_up_answers", "without_the_work"]
 
 
 def without_the_work(trajectory: Trajectory) -> Trajectory | None:
@@ -48,6 +51,43 @@ def without_the_work(trajectory: Trajectory) -> Trajectory | None:
         conversation=[*messages[: request + 1], final],
         tools=trajectory.tools,
     )
+
+
+def as_text(probe: Trajectory) -> Trajectory | None:
+    """A probe whose final message is a tool call, with that call replaced by its string arguments
+    written as the reply's text (``answer(text="TRK175467", email_id=17)`` becomes "TRK175467");
+    ``None`` when the final message makes no call or the call has no string argument."""
+    messages = probe.openai_messages()
+    calls = messages[-1].get("tool_calls") if messages else None
+    if not calls:
+        return None
+    values = [v for call in calls for v in _arguments(call).values() if isinstance(v, str) and v.strip()]
+    if not values:
+        return None
+    return Trajectory(
+        id=f"{probe.id}~text",
+        name=probe.name,
+        conversation=[*messages[:-1], {"role": "assistant", "content": " ".join(values)}],
+        tools=probe.tools,
+    )
+
+
+def made_up_answers(trajectory: Trajectory) -> list[Trajectory]:
+    """The made-up answers a success gives: :func:`without_the_work`, then its :func:`as_text` form
+    when the answer was a tool call. Empty when the attempt made no tool call before its answer."""
+    probe = without_the_work(trajectory)
+    if probe is None:
+        return []
+    text = as_text(probe)
+    return [probe] if text is None else [probe, text]
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.get("function", {}).get("arguments") or "{}")
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 def _calls(message: dict[str, Any]) -> bool:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.app.cli import app
-from journeyman.judge_probes import without_the_work
+from journeyman.judge_probes import as_text, made_up_answers, without_the_work
 from tests.scripted_judge import Reply, ScriptedJudge, running
 from tests.unit.test_ruler import calling, verdict
 
@@ -57,6 +57,21 @@ def test_the_probe_keeps_the_request_and_the_final_answer_and_leaves_out_the_wor
     assert without_the_work(attempt(calling("c2", "answer", '{"text": "5"}'))) is None
     assert without_the_work(attempt(*ADDED)) is None
     assert without_the_work(jm.Trajectory(conversation=[SYSTEM])) is None
+
+
+def test_an_answer_given_through_a_tool_is_also_probed_as_text() -> None:
+    answered = attempt(*ADDED, calling("c2", "answer", '{"text": "5", "email_id": 3}'), reward=1.0)
+    call_form, text_form = made_up_answers(answered)
+    assert call_form.openai_messages()[-1]["tool_calls"][0]["function"]["name"] == "answer"
+    assert text_form.openai_messages()[-1] == {"role": "assistant", "content": "5"}
+    assert text_form.openai_messages()[:-1] == call_form.openai_messages()[:-1]
+    assert text_form.id == f"{answered.id}~probe~text"
+    # A prose answer has no other form; a call without a string argument has no text to write.
+    prose = attempt(*ADDED, {"role": "assistant", "content": "It is 5."})
+    assert [p.openai_messages()[-1]["content"] for p in made_up_answers(prose)] == ["It is 5."]
+    no_text = without_the_work(attempt(*ADDED, calling("c2", "answer", '{"email_id": 3}')))
+    assert no_text is not None and as_text(no_text) is None
+    assert made_up_answers(attempt({"role": "assistant", "content": "It is 5."})) == []
 
 
 def group() -> jm.TrajectoryGroup:
@@ -120,6 +135,36 @@ async def test_a_judge_that_reads_the_claim_is_caught_by_the_probe_though_it_ran
     assert report.pairwise_accuracy == 1.0  # the group alone cannot tell the two judges apart
     assert report.probe_accuracy == 0.5 and report.groups[0].probes_tied == 1
     assert "0 of 1 scored below their success, 1 tied" in report.table()
+
+
+async def test_the_text_form_catches_a_judge_that_believes_a_written_answer(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """An agent that answers through a tool: the judge refuses the answer call made without the
+    search, but says yes to the same answer written as text, as the 1.5B did on the email task."""
+
+    def believes_text(request: dict[str, Any]) -> Reply:
+        prompt = request["messages"][-1]["content"]
+        worked = "-> 5" in prompt and '<call>answer {"text": "5"}</call>' in prompt
+        return verdict(0.9, 0.1) if worked or "final message: 5" in prompt else verdict(0.1, 0.9)
+
+    script.respond = believes_text
+    answers = jm.TrajectoryGroup(
+        [
+            attempt(*ADDED, calling("c2", "answer", '{"text": "5"}'), reward=1.0),
+            attempt(
+                calling("c1", "add", '{"a": 2, "b": 2}'),
+                {"role": "tool", "tool_call_id": "c1", "content": "4"},
+                calling("c2", "answer", '{"text": "4"}'),
+                reward=0.0,
+            ),
+        ],
+        id="answers",  # the attempts differ from their first call: the outcome shows each one's calls
+    )
+    report = await jm.calibrate_judge([answers], judge, method="verdict", probes=True)
+    (calibrated,) = report.groups
+    assert report.pairwise_accuracy == 1.0
+    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (2, 1, 1)
 
 
 async def test_without_probes_nothing_more_is_judged(script: ScriptedJudge, judge: jm.Judge) -> None:
