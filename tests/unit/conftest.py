@@ -1,4 +1,4 @@
-"""A scripted vLLM stand-in and the real gateway in front of it, for the unit tier."""
+"""A scripted vLLM stand-in and the real gateway in front of it, and a scripted judge, for the unit tier."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import journeyman as jm
 from journeyman.backend.serving.gateway import GatewayThread
+from tests.scripted_judge import ScriptedJudge, running
 from tests.scripted_upstream import ScriptedServer, ScriptedUpstream, gateway_to, serve
 
 
@@ -26,3 +28,17 @@ def gateway(upstream: tuple[ScriptedUpstream, str], tmp_path: Path) -> Iterator[
     thread = gateway_to(ScriptedServer(upstream[1], log_dir=tmp_path), tmp_path)
     yield thread
     thread.stop()
+
+
+@pytest.fixture
+def script() -> ScriptedJudge:
+    """A scripted judge server's behaviour (set ``script.respond``)."""
+    return ScriptedJudge()
+
+
+@pytest.fixture
+def judge(script: ScriptedJudge) -> Iterator[jm.Judge]:
+    """A judge on ``script``, without retries or a cache (calibration and probe tests; modules that
+    need another judge define their own)."""
+    with running(script) as url:
+        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)

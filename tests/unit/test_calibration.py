@@ -6,7 +6,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +78,6 @@ def coin(request: dict[str, Any]) -> Reply:
 
 def constant(request: dict[str, Any]) -> Reply:
     return answer(request, lambda *_: 0.5)
-
-
-@pytest.fixture
-def script() -> ScriptedJudge:
-    return ScriptedJudge()
-
-
-@pytest.fixture
-def judge(script: ScriptedJudge, tmp_path: Path) -> Iterator[jm.Judge]:
-    with running(script) as url:
-        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)
 
 
 QUALITIES = [0.0, 0.1, 0.25, 0.4, 0.5, 0.7, 0.85, 1.0]

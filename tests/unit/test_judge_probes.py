@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,17 +96,6 @@ def reads_the_claim(request: dict[str, Any]) -> Reply:
     """Yes for any answer of 5, however it was come by."""
     prompt = request["messages"][-1]["content"]
     return verdict(0.9, 0.1) if "final message: It is 5." in prompt else verdict(0.1, 0.9)
-
-
-@pytest.fixture
-def script() -> ScriptedJudge:
-    return ScriptedJudge()
-
-
-@pytest.fixture
-def judge(script: ScriptedJudge, tmp_path: Path) -> Iterator[jm.Judge]:
-    with running(script) as url:
-        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)
 
 
 async def test_a_judge_that_reads_the_work_scores_the_made_up_answer_below_its_success(
