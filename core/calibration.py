@@ -230,12 +230,7 @@ async def _probe_group(
     finally:
         result.seconds += time.perf_counter() - start
     scores = [score.score for score in judgement.scores]
-    for k, (i, _) in enumerate(made):
-        success, probe = scores[i], scores[len(known) + k]
-        result.probe_scores.append((success, probe))
-        result.probes += 1
-        result.probes_below += probe < success
-        result.probes_tied += probe == success
+    result.probe_scores = [(scores[i], scores[len(known) + k]) for k, (i, _) in enumerate(made)]
 
 
 def _content(trajectory: Trajectory) -> str:

@@ -57,14 +57,22 @@ class GroupCalibration:
     """Each trajectory's mean judged score, in the group's order."""
     rewards: list[float] = field(default_factory=list)
     """Each trajectory's known reward, in the group's order."""
-    probes: int = 0
-    """Made-up answers judged beside the group (``calibrate_judge(probes=True)``): one per success
-    that used tools, its final answer without the work before it."""
-    probes_below: int = 0
-    """Made-up answers that scored below the success they were made from."""
-    probes_tied: int = 0
     probe_scores: list[tuple[float, float]] = field(default_factory=list)
-    """(the success's score, its made-up answer's score), from the same presentation."""
+    """For each made-up answer judged beside the group (``calibrate_judge(probes=True)``), the
+    success's score and its made-up answer's, from the same presentation."""
+
+    @property
+    def probes(self) -> int:
+        return len(self.probe_scores)
+
+    @property
+    def probes_below(self) -> int:
+        """Made-up answers that scored below the success they were made from."""
+        return sum(probe < success for success, probe in self.probe_scores)
+
+    @property
+    def probes_tied(self) -> int:
+        return sum(probe == success for success, probe in self.probe_scores)
 
     @property
     def pairwise_accuracy(self) -> float | None:
@@ -210,6 +218,9 @@ class Calibration:
                 **asdict(group),
                 "pairwise_accuracy": group.pairwise_accuracy,
                 "position_consistency": group.position_consistency,
+                "probes": group.probes,
+                "probes_below": group.probes_below,
+                "probes_tied": group.probes_tied,
             }
             for group in self.groups
         ]
