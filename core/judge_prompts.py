@@ -243,6 +243,11 @@ def trajectory_body(conversations: list[Conversation], shared: int, tools_shared
     return "\n".join(body)
 
 
+_NO_CALLS = (
+    "none: this attempt called no tool and got no tool result, so nothing in its final message was looked up"
+)
+
+
 def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     """What an attempt came to, in lines a small judge cannot miss: the user's request it answers,
     each tool call it made with its arguments and result (in every history, after the shared start),
@@ -253,7 +258,11 @@ def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     Measured on the demo's groups (the 1.5B, verdicts, the demo's rubric): with the tool results and the final message,
     P(yes) for answers written after a fake ``<tool_response>`` fell from 0.78 to 0.48 on average;
     with the request and the calls' arguments as well, the pairs it ranked right in groups where the
-    policy called multiply for sums rose from 65% to 75%."""
+    policy called multiply for sums rose from 65% to 75%. On the email example, the 1.5B believed
+    made-up answers written as prose with no call ("The tracking number ... is T456.") as much as
+    real successes until the line said outright that nothing was looked up: mean P(yes) 0.64
+    against 0.69 before, 0.48 against 0.69 after (verdicts; with the example's two criteria 0.26
+    against 0.48, and all 24 made-up answers below every success)."""
     calls: dict[str, str] = {}
     results = []
     for k, conversation in enumerate(conversations):
@@ -281,7 +290,7 @@ def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     said = _text(final.get("content")).strip() if final is not None else ""
     return (
         f"<outcome>\nThe user asked: {asked or 'nothing'}\n"
-        f"Tool calls and their results: {'; '.join(results) or 'none (it got no tool result)'}\n"
+        f"Tool calls and their results: {'; '.join(results) or _NO_CALLS}\n"
         f"Its final message: {said or 'none'}\n</outcome>"
     )
 
