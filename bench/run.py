@@ -29,6 +29,7 @@ SCRIPTS = [
     "distributed_step",
     "tracer_overhead",
     "load",
+    "viewer",
     "demo_curve",
 ]
 

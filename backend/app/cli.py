@@ -144,6 +144,34 @@ def serve(
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
 
+@app.command("ui")
+def ui(
+    root: Root = None,
+    host: Annotated[
+        str, typer.Option(help="Address to bind; beyond loopback a token is required.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="JOURNEYMAN_TOKEN", help="Token a browser signs in with once (a form; never a URL)."
+        ),
+    ] = None,
+) -> None:
+    """A read-only web viewer over a run store: runs, live curves, groups side by side, tokens."""
+    import uvicorn
+
+    from journeyman.store import default_root
+
+    from .binding import check_bind
+    from .ui.app import Viewer
+
+    check_bind(host, token, "read every stored trajectory")
+    folder = root or default_root()
+    typer.echo(f"journeyman ui: {folder} at http://{host}:{port}/ (Ctrl-C stops it)")
+    uvicorn.run(Viewer(folder, token=token).app, host=host, port=port, log_level="warning")
+
+
 @app.command("demo")
 def demo(
     steps: Annotated[

@@ -21,6 +21,7 @@ beside the successes with examples, are pushed away from calling a tool at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -54,6 +55,7 @@ from .demo_report import (
     summary_line,
 )
 from .plots import plot_demo
+from .ui.app import start_viewer
 
 if TYPE_CHECKING:
     from ..local import LocalBackend
@@ -269,20 +271,23 @@ class Demo:
             LangfuseExporter(project=c.project, model=self.name).check()
         merge = self._merge()
         self.console.print(f"starting vLLM with {c.base_model} (one to three minutes on 2 cores) ...")
-        async with (
-            LocalBackend(root=c.root, merge_adapters=merge) as backend,
-            httpx.AsyncClient(
-                timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
-            ) as self.http,
-        ):
-            await model.register(backend)
-            self.records = backend.records
-            judge, after_each = await self._judging(model, backend)
-            self.console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
-            before = await self.evaluate(model, "before")
-            self.console.print(f"before: {evaluation_line(before)}")
-            train_minutes = await self._train(model, train_config, judge, after_each)
-            after = await self.evaluate(model, "after")
+        with start_viewer(model.store.root) if c.viewer else contextlib.nullcontext() as viewer:
+            if viewer is not None:
+                self.console.print(f"viewer: {viewer.base_url}/runs/{c.project}/{self.name}")
+            async with (
+                LocalBackend(root=c.root, merge_adapters=merge) as backend,
+                httpx.AsyncClient(
+                    timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
+                ) as self.http,
+            ):
+                await model.register(backend)
+                self.records = backend.records
+                judge, after_each = await self._judging(model, backend)
+                self.console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
+                before = await self.evaluate(model, "before")
+                self.console.print(f"before: {evaluation_line(before)}")
+                train_minutes = await self._train(model, train_config, judge, after_each)
+                after = await self.evaluate(model, "after")
         return self._report(model, before, after, train_minutes, started)
 
     async def _train(
@@ -378,15 +383,10 @@ class Demo:
         )
         report = {
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()},
-            "name": self.name,
-            "worked_share": self.worked_share,
-            "before": asdict(before),
-            "after": asdict(after),
-            "train_minutes": train_minutes,
-            "total_minutes": (time.monotonic() - started) / 60,
-            "png": str(png),
-            "summary": summary,
-        }
+            "name": self.name, "worked_share": self.worked_share, "before": asdict(before), "after": asdict(after),
+            "train_minutes": train_minutes, "total_minutes": (time.monotonic() - started) / 60,
+            "png": str(png), "summary": summary,
+        }  # fmt: skip
         (model.store.path / "demo_report.json").write_text(json.dumps(report, indent=2))
         return report
 

@@ -98,6 +98,9 @@ class DemoConfig:
     """Also evaluate with no worked examples in the prompt, sampled and greedily (the prompt that
     is not trained on, when training uses worked examples)."""
     progress: bool = True
+    viewer: bool = True
+    """Serve the trajectory viewer (``journeyman ui``) on a free loopback port while the demo runs,
+    and print its URL."""
 
     def __post_init__(self) -> None:
         checks = [

@@ -10,6 +10,8 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
     PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (serving/adapters.py)
     /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
+    /ui/...                                              the viewer (journeyman.backend.app.ui): a browser
+                                                         signs in once through its token form
 
 Binding beyond loopback without a token is refused. Tokens are compared in constant time and
 never forwarded to vLLM or logged. Names are validated (no path traversal) and request bodies
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import shutil
@@ -33,7 +34,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from journeyman.config import LoRAConfig, TrainConfig
@@ -44,6 +45,8 @@ from journeyman.trajectory import TrajectoryGroup, format_validation_error
 
 from ..local import LocalBackend
 from ..serving.adapters import unpack_adapter
+from .binding import check_bind
+from .ui.app import Viewer
 
 __all__ = ["MAX_BODY_BYTES", "check_bind", "create_app"]
 
@@ -57,17 +60,8 @@ class _NotRegistered(ConfigError):
     """A model path names no registered model."""
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a token."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not token:
-        raise ConfigError(
-            f"refusing to listen on {host} without a token: anyone who can reach it could train and "
-            "serve models. Pass --token (or JOURNEYMAN_TOKEN), or bind 127.0.0.1"
-        )
+def _viewer_path(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
@@ -85,7 +79,7 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.token is not None:
+        if self.token is not None and not _viewer_path(scope["path"]):  # the viewer signs in itself
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
                 response = _error(
@@ -284,8 +278,13 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
 
+    viewer = Router([Mount("/ui", Viewer(backend.root, token=token).app)])
+
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-        """/v1, /r/... and /records go to the capture gateway, the rest to the API."""
+        """/v1, /r/... and /records go to the capture gateway, /ui to the viewer, the rest to the API."""
+        if scope["type"] == "http" and _viewer_path(scope["path"]):
+            await viewer(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/r/", "/records")):
             if backend.gateway_app is None:
                 await _error(503, "no model is registered yet: POST /api/models first", "not_ready")(

@@ -37,10 +37,12 @@ class GatewayThread:
         port: int | None = None,
         *,
         shutdown_timeout: int = 10,
+        name: str = "gateway",
     ) -> None:
         import uvicorn
 
         self.gateway = gateway
+        self.name = name
         self.host = host
         self.port = port or free_port(host)
         config = uvicorn.Config(
@@ -52,7 +54,7 @@ class GatewayThread:
             timeout_graceful_shutdown=shutdown_timeout,  # requests still running then are cut off
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="journeyman-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name=f"journeyman-{name}", daemon=True)
 
     @property
     def base_url(self) -> str:
@@ -65,7 +67,7 @@ class GatewayThread:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise BackendError(f"the gateway did not start on {self.base_url} (port in use?)")
+                raise BackendError(f"the {self.name} did not start on {self.base_url} (port in use?)")
             time.sleep(0.02)
         if isinstance(records := getattr(self.gateway, "records", None), RecordLog):
             register_in_process(self.base_url, records)

@@ -30,7 +30,16 @@ from journeyman.errors import InvalidDataError
 from journeyman.messages import ModelTurn
 from journeyman.trajectory import History, TrajectoryGroup
 
-__all__ = ["Batch", "Row", "TrainSequence", "build_batch", "history_sequences", "pack", "template_messages"]
+__all__ = [
+    "Batch",
+    "Row",
+    "TrainSequence",
+    "build_batch",
+    "history_sequences",
+    "limit_sequence",
+    "pack",
+    "template_messages",
+]
 
 
 class Tokenizer(Protocol):
@@ -165,7 +174,11 @@ def history_sequences(
     return sequences
 
 
-def _limit(sequence: TrainSequence, config: TrainConfig, counts: Counter[str]) -> TrainSequence | None:
+def limit_sequence(
+    sequence: TrainSequence, config: TrainConfig, counts: Counter[str]
+) -> TrainSequence | None:
+    """The sequence within ``config.max_seq_len``: cut there (``overlong="truncate"``) or ``None``
+    (``"exclude"``), counted either way."""
     if len(sequence) <= config.max_seq_len:
         return sequence
     if config.overlong == "exclude":
@@ -205,7 +218,7 @@ def build_batch(groups: Seq[TrajectoryGroup], tokenizer: Tokenizer | None, confi
             for history in trajectory.histories:
                 for sequence in history_sequences(history, tokenizer, counts):
                     sequence.trajectory = index
-                    limited = _limit(sequence, config, counts)
+                    limited = limit_sequence(sequence, config, counts)
                     if limited is None:
                         continue
                     if limited.trained_tokens == 0:

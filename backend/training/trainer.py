@@ -104,6 +104,7 @@ class Trainer:
         self.tokenizer: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._learning_rate: float | None = None
+        self._config: TrainConfig | None = None  # the last step's, recorded in its checkpoint
         self._worker: ThreadPoolExecutor | None = None
         """The one thread async steps run on (see :func:`release_memory`)."""
 
@@ -181,6 +182,10 @@ class Trainer:
             "base_model": str(self.base_model),
             "lora": self.lora.model_dump(mode="json"),
             "learning_rate": self._learning_rate,
+            # what decides which tokens were trained (the viewer marks them from this)
+            "sequences": {"max_seq_len": self._config.max_seq_len, "overlong": self._config.overlong}
+            if self._config is not None
+            else None,
             "metrics": metrics or {},
         }
         save = functools.partial(_save_adapter, self.model)
@@ -231,7 +236,7 @@ class Trainer:
         advantage, sequences, metrics = self._prepare(groups, config)
         timings = {"time/prepare": time.perf_counter() - start}
         self.step += 1
-        self._learning_rate = config.learning_rate
+        self._learning_rate, self._config = config.learning_rate, config
         if not sequences:
             logger.warning(
                 "step %d: no trajectory with a reward spread to learn from; the adapter is unchanged",

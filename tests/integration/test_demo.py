@@ -22,6 +22,7 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["demo", *TINY, "--root", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "held-out success" in result.output and "held-out evaluation" in result.output
+    assert "viewer: http://127.0.0.1:" in result.output and "/runs/demo/smoke" in result.output
     store = jm.ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["before"]["step"] == 0 and report["after"]["step"] == 1

@@ -41,6 +41,10 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         "journeyman/backend/serving/vllm_plugin/journeyman_cpu_lora.py",
         "journeyman/backend/serving/vllm_plugin/journeyman_tool_parser.py",
         "journeyman/backend/serving/vllm_plugin/journeyman_cpu_lora-0.1.0.dist-info/entry_points.txt",
+        "journeyman/backend/app/ui/templates/attempt.html",
+        "journeyman/backend/app/ui/static/uplot.iife.min.js",
+        "journeyman/backend/app/ui/static/LICENSE.uplot",
+        "journeyman/backend/app/ui/static/viewer.js",
     ]:
         assert expected in names, expected
     assert not any(n.startswith(("core/", "backend/", "integrations/", "tests/")) for n in names)
