@@ -49,7 +49,7 @@ from typing import Any
 from journeyman.calibration_report import Calibration, GroupCalibration, group_advantages, kendall_tau
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge import Judge
-from journeyman.judge_probes import made_up_answers
+from journeyman.judge_probes import probes as probes_of
 from journeyman.ruler import Method, judge_trajectories
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
@@ -95,10 +95,10 @@ async def calibrate_judge(
     A presentation the judge fails (:class:`~journeyman.errors.JudgeError`) is recorded in the
     group's ``errors`` and counted; the others still count.
 
-    ``probes``: also judge, beside each group, the made-up answers of each success that used tools
-    (its final answer without the work before it, and that answer as text when it was a tool call:
-    :func:`~journeyman.judge_probes.made_up_answers`), in one more presentation, and count how often
-    the success scores higher. A judge that trains a
+    ``probes``: also judge, beside each group, the probes of each success (its final answer without
+    the work before it, that answer as text when it was a tool call, and the work without the answer:
+    :func:`~journeyman.judge_probes.probes`), in one more presentation, and count how often the
+    success scores higher. A judge that trains a
     policy must score low what the policy can learn to do, not only rank what it does now.
     """
     if orders is None:
@@ -212,12 +212,12 @@ async def _calibrate_group(
 async def _probe_group(
     result: GroupCalibration, known: list[tuple[Trajectory, float]], judge: Judge, judging: dict[str, Any]
 ) -> None:
-    """Judge the group with the made-up answers of each success that used tools after it; record
+    """Judge the group with the probes of each success after it; record
     how each scored against its success, in the same presentation."""
     top = max(r for _, r in known)
     if top == min(r for _, r in known):
         return  # no success to tell apart from a failure
-    made = [(i, copy) for i, (t, r) in enumerate(known) if r == top for copy in made_up_answers(t)]
+    made = [(i, copy) for i, (t, r) in enumerate(known) if r == top for copy in probes_of(t)]
     if not made:
         return
     shown = [t for t, _ in known] + [copy for _, copy in made]

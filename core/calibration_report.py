@@ -58,8 +58,8 @@ class GroupCalibration:
     rewards: list[float] = field(default_factory=list)
     """Each trajectory's known reward, in the group's order."""
     probe_scores: list[tuple[float, float]] = field(default_factory=list)
-    """For each made-up answer judged beside the group (``calibrate_judge(probes=True)``), the
-    success's score and its made-up answer's, from the same presentation."""
+    """For each probe judged beside the group (``calibrate_judge(probes=True)``), the success's
+    score and its probe's, from the same presentation."""
 
     @property
     def probes(self) -> int:
@@ -133,7 +133,7 @@ class Calibration:
 
     @property
     def probe_accuracy(self) -> float | None:
-        """The share of made-up answers scored below their success (a tie counts half); None
+        """The share of probes scored below their success (a tie counts half); None
         without probes."""
         probes = self._sum("probes")
         return None if not probes else (self._sum("probes_below") + self._sum("probes_tied") / 2) / probes
@@ -268,7 +268,7 @@ class Calibration:
         if probes := self._sum("probes"):
             pairs = [pair for group in self.groups for pair in group.probe_scores]
             lines.append(
-                f"made-up answers (a success's final answer without the tool calls before it): "
+                f"probes (a success's answer without the tool calls before it, or its calls without the answer): "
                 f"{self._sum('probes_below')} of {probes} scored below their success, {self._sum('probes_tied')} tied "
                 f"(mean score {sum(s for s, _ in pairs) / probes:.2f} against {sum(p for _, p in pairs) / probes:.2f})"
             )

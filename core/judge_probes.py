@@ -12,8 +12,11 @@ final answer with the tool calls and results that led to it left out (:func:`wit
 and, when the answer was given through a tool call, the same answer written as text with no call at
 all (:func:`as_text`), the form the email policy found. For a tool-using task each is a made-up
 answer (right only by luck, or copied from somewhere else), and a judge that rewards the work, not
-the claim, scores it lower. ``calibrate_judge(probes=True)`` judges them beside each group and
-counts how often the success scores higher.
+the claim, scores it lower. The opposite hack came next on the same task: the work without the
+answer (:func:`without_the_answer`), an attempt that searched and read the right email and then
+ended with an empty reply, which the judge scored as high as a success. :func:`probes` gives all of
+them; ``calibrate_judge(probes=True)`` judges them beside each group and counts how often the
+success scores higher.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from journeyman.trajectory import Trajectory
 
-__all__ = ["as_text", "made_up_answers", "without_the_work"]
+__all__ = ["as_text", "made_up_answers", "probes", "without_the_answer", "without_the_work"]
 
 
 def without_the_work(trajectory: Trajectory) -> Trajectory | None:
@@ -80,6 +83,37 @@ def made_up_answers(trajectory: Trajectory) -> list[Trajectory]:
         return []
     text = as_text(probe)
     return [probe] if text is None else [probe, text]
+
+
+def without_the_answer(trajectory: Trajectory) -> Trajectory | None:
+    """The attempt up to its last assistant message, which is replaced by an empty reply: every
+    tool call and result kept, the answer (its text or its ``answer(...)`` call) gone. ``None`` when
+    the attempt has no assistant message after the user's last request, or its last one is empty
+    already. Histories, id and tools as in :func:`without_the_work` (``"~unanswered"`` after the id).
+    """
+    messages = trajectory.openai_messages()
+    request = max((n for n, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if request is None:
+        return None
+    last = next(
+        (n for n in range(len(messages) - 1, request, -1) if messages[n]["role"] == "assistant"), None
+    )
+    if last is None or not (
+        messages[last].get("tool_calls") or str(messages[last].get("content") or "").strip()
+    ):
+        return None
+    return Trajectory(
+        id=f"{trajectory.id}~unanswered",
+        name=trajectory.name,
+        conversation=[*messages[:last], {"role": "assistant", "content": ""}],
+        tools=trajectory.tools,
+    )
+
+
+def probes(trajectory: Trajectory) -> list[Trajectory]:
+    """Every probe a success gives: its :func:`made_up_answers`, then :func:`without_the_answer`."""
+    unanswered = without_the_answer(trajectory)
+    return made_up_answers(trajectory) + ([] if unanswered is None else [unanswered])
 
 
 def _arguments(call: dict[str, Any]) -> dict[str, Any]:

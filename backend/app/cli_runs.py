@@ -153,8 +153,8 @@ def judge_calibrate(
     probes: Annotated[
         bool,
         typer.Option(
-            help="Also judge a made-up answer per success (its final answer without the tool calls "
-            "before it) and count how often the success scores higher."
+            help="Also judge probes of each success (its final answer without the tool calls before it; "
+            "its tool calls without the answer) and count how often the success scores higher."
         ),
     ] = False,
     fail_at_chance: Annotated[

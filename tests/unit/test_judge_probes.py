@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.app.cli import app
-from journeyman.judge_probes import as_text, made_up_answers, without_the_work
+from journeyman.judge_probes import as_text, made_up_answers, probes, without_the_answer, without_the_work
 from tests.scripted_judge import Reply, ScriptedJudge, running
 from tests.unit.test_ruler import calling, verdict
 
@@ -73,6 +73,19 @@ def test_an_answer_given_through_a_tool_is_also_probed_as_text() -> None:
     assert made_up_answers(attempt({"role": "assistant", "content": "It is 5."})) == []
 
 
+def test_the_work_without_the_answer_keeps_every_call_and_ends_with_an_empty_reply() -> None:
+    answered = attempt(*ADDED, calling("c2", "answer", '{"text": "5"}'), reward=1.0)
+    probe = without_the_answer(answered)
+    assert probe is not None and probe.id == f"{answered.id}~unanswered" and probe.reward is None
+    assert probe.openai_messages() == [*answered.openai_messages()[:-1], {"role": "assistant", "content": ""}]
+    prose = attempt(*ADDED, {"role": "assistant", "content": "It is 5."})
+    assert without_the_answer(prose).openai_messages()[-2] == ADDED[1]  # type: ignore[union-attr]
+    # No answer to leave out: an empty last reply, or no reply after the request.
+    assert without_the_answer(attempt(*ADDED, {"role": "assistant", "content": " "})) is None
+    assert without_the_answer(attempt()) is None
+    assert [p.id.split("~", 1)[1] for p in probes(answered)] == ["probe", "probe~text", "unanswered"]
+
+
 def group() -> jm.TrajectoryGroup:
     return jm.TrajectoryGroup(
         [
@@ -104,13 +117,10 @@ async def test_a_judge_that_reads_the_work_scores_the_made_up_answer_below_its_s
     script.respond = reads_the_work
     report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
     (calibrated,) = report.groups
-    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (1, 1, 0)
-    assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1))]
+    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (2, 2, 0)
+    assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1))] * 2
     assert report.probe_accuracy == 1.0 and report.to_dict()["summary"]["probe_accuracy"] == 1.0
-    assert (
-        "made-up answers (a success's final answer without the tool calls before it): 1 of 1 scored below"
-        in (report.table())
-    )
+    assert "or its calls without the answer): 2 of 2 scored below" in report.table()
     # The group's own pairs are counted as without probes: the probe is not one of its trajectories.
     assert (report.pairs, report.correct) == (2, 2) and calibrated.trajectories == 3
 
@@ -121,8 +131,22 @@ async def test_a_judge_that_reads_the_claim_is_caught_by_the_probe_though_it_ran
     script.respond = reads_the_claim
     report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
     assert report.pairwise_accuracy == 1.0  # the group alone cannot tell the two judges apart
-    assert report.probe_accuracy == 0.5 and report.groups[0].probes_tied == 1
-    assert "0 of 1 scored below their success, 1 tied" in report.table()
+    assert report.probe_accuracy == 0.75 and report.groups[0].probes_tied == 1  # the made-up answer
+    assert "1 of 2 scored below their success, 1 tied" in report.table()
+
+
+async def test_a_judge_that_rewards_the_work_without_the_answer_is_caught_by_its_probe(
+    script: ScriptedJudge, judge: jm.Judge
+) -> None:
+    """Yes for any attempt that got the tool's result 5, answered or not: the hack the email policy
+    learned next (read the right email, then end with an empty reply)."""
+    script.respond = lambda request: (
+        verdict(0.9, 0.1) if "-> 5" in request["messages"][-1]["content"] else verdict(0.1, 0.9)
+    )
+    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    (calibrated,) = report.groups
+    assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1)), (pytest.approx(0.9),) * 2]
+    assert report.probe_accuracy == 0.75
 
 
 async def test_the_text_form_catches_a_judge_that_believes_a_written_answer(
@@ -152,7 +176,7 @@ async def test_the_text_form_catches_a_judge_that_believes_a_written_answer(
     report = await jm.calibrate_judge([answers], judge, method="verdict", probes=True)
     (calibrated,) = report.groups
     assert report.pairwise_accuracy == 1.0
-    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (2, 1, 1)
+    assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (3, 2, 1)
 
 
 async def test_without_probes_nothing_more_is_judged(script: ScriptedJudge, judge: jm.Judge) -> None:
@@ -172,6 +196,6 @@ def test_judge_calibrate_probes_through_the_cli(script: ScriptedJudge, tmp_path:
              "--method", "verdict", "--probes", "--out", str(tmp_path / "r.json"), "--root", str(tmp_path)],
         )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "1 of 1 scored below their success" in result.output
+    assert "2 of 2 scored below their success" in result.output
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["summary"]["probe_accuracy"] == 1.0 and report["groups"][0]["probes_below"] == 1
+    assert report["summary"]["probe_accuracy"] == 1.0 and report["groups"][0]["probes_below"] == 2
