@@ -410,7 +410,13 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
         )  # fmt: skip
     summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
                                "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
-    config = jm.TrainConfig(learning_rate=args.learning_rate, scale_rewards=args.scale_rewards)
+    judge_server = args.judge == "ruler" and args.judge_model not in (None, args.base_model)
+    checkpointing = judge_server if args.gradient_checkpointing is None else args.gradient_checkpointing
+    config = jm.TrainConfig(
+        learning_rate=args.learning_rate,
+        scale_rewards=args.scale_rewards,
+        gradient_checkpointing=checkpointing,
+    )
     try:
         if val:
             summary["before"] = await evaluate(agent, model, val, args)
@@ -501,6 +507,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--scale-rewards", choices=["group", "batch", "none"], default=None,
         help="divide advantages by the group's or the batch's reward std (default: the trainer's, group)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+        help="recompute activations in the backward pass: less memory, about a third more compute "
+        "(default: on when the judge has a server of its own, which needs the memory)",
     )  # fmt: skip
     parser.add_argument("--val-questions", type=int, default=12, help="held-out questions (the inbox's last)")
     parser.add_argument("--val-samples", type=int, default=4, help="runs per held-out question")
