@@ -411,7 +411,9 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
                                "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
     judge_server = args.judge == "ruler" and args.judge_model not in (None, args.base_model)
-    checkpointing = judge_server if args.gradient_checkpointing is None else args.gradient_checkpointing
+    checkpointing = args.gradient_checkpointing
+    if checkpointing is None:  # as the demo: on but for the 135M model with no judge server beside it
+        checkpointing = args.base_model != "smollm2-135m" or judge_server
     config = jm.TrainConfig(
         learning_rate=args.learning_rate,
         scale_rewards=args.scale_rewards,
@@ -511,7 +513,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
         help="recompute activations in the backward pass: less memory, about a third more compute "
-        "(default: on when the judge has a server of its own, which needs the memory)",
+        "(default: on, but for the 135M model without a judge server of its own)",
     )  # fmt: skip
     parser.add_argument("--val-questions", type=int, default=12, help="held-out questions (the inbox's last)")
     parser.add_argument("--val-samples", type=int, default=4, help="runs per held-out question")
