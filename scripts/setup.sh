@@ -2,7 +2,7 @@
 # Set up everything journeyman needs on this machine, idempotently:
 #   1. the main environment (.venv): journeyman editable with all extras but unsloth;
 #   2. the vLLM server's own environment (vLLM cannot share one with crewai);
-#   3. Debian's chromium for the viewer's browser tests (when missing, and root can install it);
+#   3. Debian's chromium and firefox-esr for the viewer's browser tests (when missing, and root can install them);
 #   4. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
 #      Hugging Face folders (the 1.5B is prepared on first use).
 # Each step keeps a stamp (a hash of what it was built from) and is skipped when the stamp
@@ -65,16 +65,19 @@ else
     echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
 fi
 
-# 3. A browser for the viewer's tests (Debian's chromium; Playwright drives it, downloads none) ----
-if [[ ! -x /usr/bin/chromium ]]; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        log "installing Debian's chromium for the viewer's browser tests"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
-    else
-        log "no /usr/bin/chromium and no root to install it: the viewer's browser tests will be skipped"
+# 3. Browsers for the viewer's tests (Debian's chromium, driven by Playwright, and Firefox ESR,
+#    driven over WebDriver BiDi; neither downloads a browser of its own) ---------------------------
+for browser in chromium firefox-esr; do
+    if [[ ! -x /usr/bin/$browser ]]; then
+        if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            log "installing Debian's $browser for the viewer's browser tests"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get install -y -q "$browser" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "$browser" >/dev/null; }
+        else
+            log "no /usr/bin/$browser and no root to install it: its viewer tests will be skipped"
+        fi
     fi
-fi
+done
 
 # 4. The embedded models ------------------------------------------------------------------------
 for alias in smollm2-135m qwen2.5-coder-0.5b; do

@@ -22,6 +22,7 @@ from journeyman.backend.app.server import create_app
 from journeyman.backend.app.ui.app import COOKIE, start_viewer
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.serving.gateway_thread import GatewayThread
+from tests.firefox_bidi import Firefox, firefox_executable
 
 CHROMIUM = Path(os.environ.get("JOURNEYMAN_CHROMIUM", "/usr/bin/chromium"))
 pytestmark = pytest.mark.skipif(
@@ -213,7 +214,9 @@ def test_the_token_view_marks_exactly_the_tokens_the_step_trained(run: Run) -> N
     page.close()
 
 
-def test_written_payloads_render_as_text_and_never_run(run: Run) -> None:
+def save_payloads(store: jm.ModelStore, split: str) -> list[str]:
+    """A group whose messages and judge's explanation hold the payloads; the paths of its step,
+    an attempt and a diff, under the run."""
     trajectory = jm.Trajectory(
         conversation=[
             {"role": "user", "content": PAYLOADS[0]},
@@ -223,9 +226,13 @@ def test_written_payloads_render_as_text_and_never_run(run: Run) -> None:
         metadata={"judge_explanation": PAYLOADS[0]},
     )
     group = jm.TrajectoryGroup([trajectory, trajectory.model_copy(update={"id": "other", "reward": 0.0})])
-    run.store.save_groups([group], "xss", 0)
+    store.save_groups([group], split, 0)
+    return [f"{split}/0", f"{split}/0/0/{trajectory.id}", f"{split}/0/0/diff?a={trajectory.id}&b=other"]
+
+
+def test_written_payloads_render_as_text_and_never_run(run: Run) -> None:
     page = run.page()
-    for path in ("xss/0", f"xss/0/0/{trajectory.id}", f"xss/0/0/diff?a={trajectory.id}&b=other"):
+    for path in save_payloads(run.store, "xss"):
         page.goto(f"{run.url}/runs/demo/ui/{path}")
         assert page.evaluate("window.pwned") is None, path
         assert PAYLOADS[1] in page.locator("main").inner_text(), path
@@ -253,3 +260,30 @@ def test_ui_under_serve_refuses_a_missing_or_wrong_token(run: Run) -> None:
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and "s3cret" not in cookie["value"]
         page.close()
     run.errors.clear()  # the refused requests are logged by Chromium as console errors (401)
+
+
+@pytest.mark.skipif(firefox_executable() is None, reason="no Firefox: `apt-get install firefox-esr`")
+def test_every_page_works_in_firefox_too(run: Run) -> None:
+    """Debian's Firefox ESR over WebDriver BiDi: each page loads with no error logged, the run
+    page draws its charts and polls, the payloads stay text."""
+    first = run.store.load_groups("train", 0)[0].trajectories[0].id
+    pages = ["", "runs/demo/ui", "runs/demo/ui/train/0", f"runs/demo/ui/train/0/0/{first}",
+             "runs/demo/ui/failures", *(f"runs/demo/ui/{p}" for p in save_payloads(run.store, "xss_firefox"))]  # fmt: skip
+    executable = firefox_executable()
+    assert executable is not None
+    with Firefox(executable) as firefox:
+        for path in pages:
+            firefox.goto(f"{run.url}/{path}")
+            assert firefox.evaluate("document.querySelector('main') !== null"), path
+            assert firefox.evaluate("window.pwned") is None, path
+            if path == "runs/demo/ui":
+                figures = firefox.evaluate("document.querySelectorAll('figure.chart').length")
+                assert (
+                    figures >= 5
+                    and firefox.evaluate("document.querySelectorAll('figure.chart canvas').length") == figures
+                )
+                firefox.wait_for("document.getElementById('live').textContent.startsWith('live: updated')")
+                firefox.screenshot(ARTIFACTS / "firefox-run.png")
+            if path.startswith("runs/demo/ui/xss_firefox"):
+                assert PAYLOADS[1] in firefox.evaluate("document.querySelector('main').innerText"), path
+        assert firefox.errors == []
