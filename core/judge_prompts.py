@@ -262,32 +262,23 @@ def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     made-up answers written as prose with no call ("The tracking number ... is T456.") as much as
     real successes until the line said outright that nothing was looked up: mean P(yes) 0.64
     against 0.69 before, 0.48 against 0.69 after (verdicts; with the example's two criteria 0.26
-    against 0.48, and all 24 made-up answers below every success). A call with no result is listed
-    as such: the example's ``answer`` call ends an attempt and gets none, and before it was listed
-    an attempt that answered and one that read the right email and stopped looked the same here."""
+    against 0.48, and all 24 made-up answers below every success). A call that got no result (the
+    example's ``answer``, which ends an attempt) is left out: listed as "answer {...} -> no result",
+    or "(no result: the attempt ended with this call)", it read as a failure, and on 3 email groups
+    the successes' mean P(yes) fell from 0.73 to 0.37 and 0.47, pairs ranked right from 51 to 42
+    and 41 of 55."""
     calls: dict[str, str] = {}
-    results: list[str] = []
-    unanswered: dict[
-        str, int
-    ] = {}  # this attempt's calls that have no result yet, by id: their place in results
+    results = []
     for k, conversation in enumerate(conversations):
         for n, message in enumerate(conversation.messages):
-            own = k > 0 or n >= shared
             for call in message.get("tool_calls") or []:
                 function = call.get("function", {})
-                call_id = call.get("id", "")
-                calls[call_id] = f"{function.get('name', '')} {_text(function.get('arguments', ''))}"
-                if own:
-                    unanswered[call_id] = len(results)
-                    results.append(f"{calls[call_id]} -> no result")
-            if message["role"] == "tool" and own:
-                call_id = message.get("tool_call_id", "")
-                call = calls.get(call_id, message.get("name") or "unknown")
-                line = f"{call} -> {_text(message.get('content')).strip()}"
-                if call_id in unanswered:
-                    results[unanswered.pop(call_id)] = line
-                else:
-                    results.append(line)
+                calls[call.get("id", "")] = (
+                    f"{function.get('name', '')} {_text(function.get('arguments', ''))}"
+                )
+            if message["role"] == "tool" and (k > 0 or n >= shared):
+                call = calls.get(message.get("tool_call_id", ""), message.get("name") or "unknown")
+                results.append(f"{call} -> {_text(message.get('content')).strip()}")
     if not results and not any(c.tools for c in conversations):
         return None
     messages = conversations[0].messages
