@@ -14,9 +14,9 @@ all (:func:`as_text`), the form the email policy found. For a tool-using task ea
 answer (right only by luck, or copied from somewhere else), and a judge that rewards the work, not
 the claim, scores it lower. The opposite hack came next on the same task: the work without the
 answer (:func:`without_the_answer`), an attempt that searched and read the right email and then
-ended with an empty reply, which the judge scored as high as a success (on 3 groups of a later
-known-answer run, the 1.5B's verdicts: 0.68 against their successes' 0.73, all 13 below, by a thin
-margin; the made-up answers 0.37 and 0.49). :func:`probes` gives all of
+ended with an empty reply, which the judge scored as high as the answers in that run (0.47 against
+0.46); on 3 groups of a later known-answer run, the 1.5B's verdicts gave it 0.68 against its
+successes' 0.73, all 13 below but by a thin margin (the made-up answers 0.37 and 0.49). :func:`probes` gives all of
 them; ``calibrate_judge(probes=True)`` judges them beside each group and counts how often the
 success scores higher.
 """
