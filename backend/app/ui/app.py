@@ -96,7 +96,7 @@ class Viewer:
         return self._render(
             request,
             "run.html",
-            run=runs.summarise(store),
+            run=runs.summarise(store, rows),
             charts=runs.charts(data),
             data=data,
             evals={split: d for split, d in data.items() if split != "train"},
@@ -136,7 +136,8 @@ class Viewer:
         store, split, step = self._step(request)
         group = self._group(store, split, step, request.path_params["group"])
         trajectory = _attempt(group, request.path_params["attempt"])
-        decode = self._decoder(store)
+        run = runs.summarise(store)
+        decode = self._decoder(run.base_model)
         trained = split == "train" and trajectory.id in attempts.trained_attempts(group)
         config = runs.train_config(store, step)
         histories = []
@@ -147,35 +148,18 @@ class Viewer:
             except JourneymanError as error:
                 tokens, note = [], str(error)
             histories.append((history.name, attempts.conversation(history), tokens, note))
-        return self._render(
-            request,
-            "attempt.html",
-            run=runs.summarise(store),
-            split=split,
-            step=step,
-            group_index=request.path_params["group"],
-            group=group,
-            trajectory=trajectory,
-            histories=histories,
-            decoded=decode is not None,
-            trained=trained,
-        )
+        return self._group_page(
+            request, "attempt.html", run, group=group, trajectory=trajectory, histories=histories,
+            decoded=decode is not None, trained=trained,
+        )  # fmt: skip
 
     async def diff_page(self, request: Request) -> Response:
         store, split, step = self._step(request)
         group = self._group(store, split, step, request.path_params["group"])
         a = _attempt(group, request.query_params.get("a", ""))
         b = _attempt(group, request.query_params.get("b", ""))
-        return self._render(
-            request,
-            "diff.html",
-            run=runs.summarise(store),
-            split=split,
-            step=step,
-            group_index=request.path_params["group"],
-            a=a,
-            b=b,
-            lines=attempts.diff(a, b),
+        return self._group_page(
+            request, "diff.html", runs.summarise(store), a=a, b=b, lines=attempts.diff(a, b)
         )
 
     async def signin(self, request: Request) -> Response:
@@ -201,6 +185,20 @@ class Viewer:
         base = request.scope.get("root_path", "")
         html = self.templates.get_template(name).render(base=base, request=request, **context)
         return HTMLResponse(html, status_code=status)
+
+    def _group_page(self, request: Request, name: str, run: runs.RunSummary, **context: Any) -> HTMLResponse:
+        """A page about one group of a step: the run, the split, the step and the group's index from
+        the URL, and ``context``."""
+        params = request.path_params
+        return self._render(
+            request,
+            name,
+            run=run,
+            split=params["split"],
+            step=params["step"],
+            group_index=params["group"],
+            **context,
+        )
 
     async def _error(self, request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
@@ -248,11 +246,11 @@ class Viewer:
             raise HTTPException(404, f"{split} step {step} has {len(groups)} groups, not a group {index}")
         return groups[index]
 
-    def _decoder(self, store: ModelStore) -> attempts.Decode | None:
-        base = runs.summarise(store).base_model
-        if base not in self._tokenizers:
-            self._tokenizers[str(base)] = attempts.tokenizer_for(base)
-        return self._tokenizers[str(base)]
+    def _decoder(self, base_model: str | None) -> attempts.Decode | None:
+        key = str(base_model)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = attempts.tokenizer_for(base_model)
+        return self._tokenizers[key]
 
 
 def start_viewer(

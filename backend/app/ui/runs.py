@@ -104,10 +104,11 @@ def find_runs(root: Path) -> list[ModelStore]:
     return stores
 
 
-def summarise(store: ModelStore) -> RunSummary:
-    """The runs page's row of one store; a history that cannot be read leaves its fields empty."""
+def summarise(store: ModelStore, rows: list[dict[str, Any]] | None = None) -> RunSummary:
+    """The runs page's row of one store, from its history ``rows`` when the caller has read them
+    already; a history that cannot be read leaves its fields empty."""
     summary = RunSummary(store.project, store.model)
-    rows = _history(store)
+    rows = _history(store) if rows is None else rows
     train = [row for row in rows if row.get("split", "train") == "train"]
     steps = [int(row["step"]) for row in train if isinstance(row.get("step"), int)]
     summary.steps = max(steps, default=max(store.steps("train"), default=0))
