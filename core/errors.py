@@ -9,6 +9,7 @@ catches them all. Messages say what is wrong, why, and what to do about it::
     ├── InvalidDataError            a trajectory, group, message or record does not follow the schema
     ├── StorageError                the project folder cannot be read or written (permissions, disk full)
     ├── ModelPreparationError       a base model cannot be found or converted
+    ├── ExportError                 a trained step cannot be written out in the asked format
     ├── BackendError                serving or training infrastructure failed
     │   ├── ServerStartError        a server process did not become healthy (quotes its log)
     │   ├── AdapterError            a LoRA adapter could not be deployed or removed
@@ -27,6 +28,7 @@ __all__ = [
     "AdapterError",
     "BackendError",
     "ConfigError",
+    "ExportError",
     "InvalidDataError",
     "JourneymanError",
     "JudgeCallError",
@@ -71,6 +73,10 @@ class StorageError(JourneymanError, OSError):
 
 class ModelPreparationError(JourneymanError):
     """A base model cannot be found or converted into a Hugging Face folder."""
+
+
+class ExportError(JourneymanError):
+    """A trained step cannot be exported in the asked format, or its export does not load back."""
 
 
 class BackendError(JourneymanError):

@@ -202,6 +202,53 @@ def judge_calibrate(
         raise typer.Exit(2)
 
 
+def export(
+    project: str,
+    model: str,
+    out: Annotated[Path, typer.Argument(help="A new (or empty) folder to write the export into.")],
+    step: Annotated[int | None, typer.Option(help="Step to export (default: the latest checkpoint).")] = None,
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="hf (a merged Hugging Face folder), peft (the LoRA adapter) or gguf (one file for "
+            "llama.cpp and Ollama, with a Modelfile).",
+        ),
+    ] = "hf",
+    gguf_type: Annotated[str, typer.Option(help="GGUF matrices: f16, q8_0 or f32.")] = "f16",
+    check: Annotated[
+        bool,
+        typer.Option(
+            help="Load the export back and compare its greedy text and logits with the checkpoint on a "
+            "few prompts (transformers; a minute or two on CPU)."
+        ),
+    ] = True,
+    root: Root = None,
+) -> None:
+    """Write a trained step as a merged Hugging Face folder, a PEFT adapter or a GGUF file."""
+    from journeyman.backend.export import CHECK_PROMPTS, check_export, export_step
+
+    store = ModelStore(project, model, root=root)
+    with Console(stderr=True).status(f"exporting {project}/{model} as {format}"):
+        result = export_step(store, out, step=step, format=format, gguf_type=gguf_type)  # type: ignore[arg-type]
+    typer.echo(f"step {result.step} -> {result.path} ({result.bytes / 2**20:.1f} MB, {result.seconds:.1f} s)")
+    if not check:
+        return
+    with Console(stderr=True).status(
+        f"loading {result.main_file.name} back and comparing it with step {result.step}"
+    ):
+        report = check_export(result, CHECK_PROMPTS)
+    typer.echo(
+        f"check: greedy text equal on {report.greedy_equal} of {report.prompts} prompts; "
+        f"largest logit difference {report.max_logit_diff:.4f}"
+    )
+    if not report.ok:
+        for reference, exported in report.texts:
+            if reference != exported:
+                typer.echo(f"  step:   {reference!r}\n  export: {exported!r}")
+        raise typer.Exit(2)
+
+
 def _stored_steps(store: ModelStore, split: str) -> list[int]:
     """The steps with stored trajectories for ``split``; an error when there are none."""
     steps = store.steps(split)

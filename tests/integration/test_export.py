@@ -1,0 +1,68 @@
+"""A served step exported as a merged Hugging Face folder and as GGUF, on both embedded families: each
+loads back (transformers; its GGUF loader) and greedily writes the very tokens vLLM serves for the
+step as ``name@step``. (Q8_0 is checked on tiny models in the unit tier; Qwen's cases are slow.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from journeyman.backend.export import CHECK_PROMPTS, check_export, export_step, prompt_ids
+from journeyman.store import CHECKPOINT_STATE, ModelStore
+
+from .conftest import FAMILIES, Served, make_adapter
+
+MAX_NEW_TOKENS = 16
+
+
+@pytest.fixture
+def trained(served: Served, tmp_path: Path) -> ModelStore:
+    """A store whose step 1 is a random rank-8 adapter, small enough that the model still writes
+    sentences (a garbled model's near-ties make any two numerics part ways) and large enough to
+    change them."""
+    store = ModelStore("exports", "agent", root=tmp_path / "root")
+    with store.write_checkpoint(1) as folder:
+        make_adapter(served.model_dir, folder / "adapter", rank=8, seed=21, scale=0.1)
+        state = {"step": 1, "base_model": str(served.model_dir)}
+        (folder / CHECKPOINT_STATE).write_text(json.dumps(state))
+    return store
+
+
+async def _served_tokens(served: Served, name: str) -> list[list[int]]:
+    """Greedy continuations of the check's prompts from vLLM, by served model name."""
+    tokens = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        for ids in prompt_ids(served.model_dir, CHECK_PROMPTS):
+            body = {
+                "model": name,
+                "prompt": ids,
+                "max_tokens": MAX_NEW_TOKENS,
+                "temperature": 0,
+                "return_token_ids": True,
+            }
+            response = await client.post(f"{served.server.base_url}/v1/completions", json=body)
+            response.raise_for_status()
+            tokens.append(response.json()["choices"][0]["token_ids"])
+    return tokens
+
+
+@pytest.mark.parametrize("family", [FAMILIES[0], pytest.param(FAMILIES[1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("fmt", "gguf_type", "tolerance"), [("hf", "f16", 0.5), ("gguf", "f16", 0.5)])
+async def test_export_writes_what_the_served_step_writes(
+    served: Served, trained: ModelStore, tmp_path: Path, fmt: str, gguf_type: str, tolerance: float
+) -> None:
+    name = await served.router.deploy(
+        f"export-{served.family[:4]}-{fmt}-{gguf_type}", trained.checkpoint_path(1) / "adapter", 1
+    )
+    served_tokens = await _served_tokens(served, name)
+    assert served_tokens != await _served_tokens(served, served.name)  # the step is not the base model
+    export = export_step(trained, tmp_path / "out", format=fmt, gguf_type=gguf_type)  # type: ignore[arg-type]
+    check = check_export(export, CHECK_PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
+    assert check.ok, check.texts  # the export writes what peft writes with the checkpoint
+    assert [list(t) for t in check.export_tokens] == served_tokens  # ... and what vLLM serves
+    assert check.max_logit_diff <= tolerance
+    if fmt == "gguf":
+        assert export.main_file.suffix == ".gguf" and (export.path / "Modelfile").is_file()
