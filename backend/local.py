@@ -96,6 +96,8 @@ class LocalBackend:
         """How many times it restarted a judge's server (:meth:`start_judge`)."""
         self._base: Path | str | None = None
         self._trainers: dict[str, Trainer] = {}
+        self._promote: dict[str, bool] = {}
+        """Whether a model's next trained step moves its plain name (``train(promote=...)``)."""
         self._watchdog: asyncio.Task[None] | None = None
         self.push_to = push_to
         """Also deploy each trained step to these remote gateways (backend/serving/adapters.py)."""
@@ -212,7 +214,12 @@ class LocalBackend:
             push = self.push_to.deployer(model.name, str(model.base_model)) if self.push_to else None
 
             async def deploy(path: Path, step: int) -> Any:
-                served = await router.deploy(model.name, path, step) if router is not None else None
+                promote = self._promote.get(model.name, True)
+                served = (
+                    await router.deploy(model.name, path, step, promote=promote)
+                    if router is not None
+                    else None
+                )
                 pushed = await push(path, step) if push is not None else None
                 return served if router is not None else pushed
 
@@ -227,12 +234,14 @@ class LocalBackend:
                 await self.push_to.push(
                     model.name, str(model.base_model), trainer.adapter_path(), trainer.step, existing_ok=True
                 )
-            elif trainer.step == 0:
-                # The step-0 adapter is peft's no-op initialisation: serve the base model, which
-                # answers the same and faster (LoRA roughly halves CPU throughput).
-                await router.deploy(model.name, None, 0)
             else:
-                await router.deploy(model.name, trainer.adapter_path(), trainer.step)
+                promoted = model.store.promoted_step()
+                if promoted is None or promoted == trainer.step:
+                    await router.deploy(model.name, self._adapter(model, trainer.step), trainer.step)
+                else:  # a gate held the latest steps back: production keeps the promoted one
+                    await router.deploy(model.name, self._adapter(model, promoted), promoted)
+                    if not router.merged:  # merged weights hold one version: the promoted one
+                        await router.deploy(model.name, trainer.adapter_path(), trainer.step, promote=False)
         if not self.inference:
             assert self.push_to is not None  # rollouts go to the first inference machine's gateway
             return Registration(f"{self.push_to.urls[0]}/v1", self.push_to.token or "-", trainer.step)
@@ -303,10 +312,67 @@ class LocalBackend:
         return self._trainer(model).step
 
     async def train(
-        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: Sequence[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        promote: bool = True,
     ) -> TrainResult:
-        result = await self._trainer(model).train(groups, config)
+        trainer = self._trainer(model)
+        if not promote and self.router is None:
+            raise ConfigError("promote=False needs this backend to serve the model (inference=True)")
+        if not promote and model.store.promoted_step() is None:
+            # Until now the plain name followed every step; write down the one it serves.
+            row = {"action": "promote", "step": trainer.step, "by": "train"}
+            await asyncio.to_thread(model.store.append_promotion, row)
+        self._promote[model.name] = promote
+        result = await trainer.train(groups, config)
+        if promote and self.router is not None:
+            await asyncio.to_thread(
+                model.store.append_promotion, {"action": "promote", "step": result.step, "by": "train"}
+            )
         return TrainResult(result.step, result.metrics)
+
+    async def promote(
+        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+    ) -> int:
+        """Move ``model``'s plain name to ``step`` and record it (``action`` promote or rollback;
+        rollback with step -1: the step promoted before the current one); ``hold`` only records."""
+        trainer = self._trainer(model)
+        store = model.store
+        current = store.promoted_step()
+        current = trainer.step if current is None else current
+        if action == "rollback" and step == -1:
+            step = previous_promotion(store.read_promotions(), current)
+        steps = store.checkpoint_steps()
+        if step not in steps:
+            raise ConfigError(
+                f"{model.name} has no checkpoint of step {step} to {action}; it has steps {steps}"
+            )
+        if action != "hold":
+            if self.router is None:
+                raise ConfigError(f"{action} needs this backend to serve the model (inference=True)")
+            await self.router.promote(model.name, step, self._adapter(model, step))
+        row = {
+            "action": action,
+            "step": step,
+            "from_step": current,
+            "by": by,
+            **({"gate": gate} if gate else {}),
+        }
+        await asyncio.to_thread(store.append_promotion, row)
+        return step
+
+    async def promoted_step(self, model: TrainableModel) -> int:
+        promoted = model.store.promoted_step()
+        return self._trainer(model).step if promoted is None else promoted
+
+    def _adapter(self, model: TrainableModel, step: int) -> Path | None:
+        """What serves ``step``: its checkpoint's adapter; None for step 0, whose adapter is peft's
+        no-op initialisation (the base model answers the same, and faster: LoRA roughly halves
+        CPU throughput)."""
+        return None if step == 0 else self._trainer(model).adapter_path(step)
 
     async def list_checkpoints(self, model: TrainableModel) -> list[int]:
         return self._trainer(model).store.checkpoint_steps()
@@ -362,3 +428,12 @@ def _in_hub_cache(name: str) -> bool:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # not a valid repo id: not cached
         return False
+
+
+def previous_promotion(rows: list[dict[str, Any]], current: int) -> int:
+    """The step the plain name served before ``current`` (from promotions.jsonl), for a rollback."""
+    served = [int(row["step"]) for row in rows if row.get("action") in ("promote", "rollback")]
+    for step in reversed(served):
+        if step != current:
+            return step
+    raise ConfigError(f"no step was promoted before step {current}; name the step to roll back to")

@@ -23,6 +23,7 @@ from journeyman.errors import (
     ServerStartError,
     StorageError,
 )
+from journeyman.gate import Gate, GateDecision, promote_if_better
 from journeyman.gather import gather_trajectory_groups, retry
 from journeyman.judge import Judge
 from journeyman.messages import (
@@ -84,6 +85,8 @@ __all__ = [
     "Failure",
     "FunctionCall",
     "FunctionDefinition",
+    "Gate",
+    "GateDecision",
     "GroupCalibration",
     "History",
     "InvalidDataError",
@@ -122,6 +125,7 @@ __all__ = [
     "judge_trajectories",
     "load_group",
     "load_trajectory",
+    "promote_if_better",
     "retry",
     "ruler",
     "ruler_score_group",

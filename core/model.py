@@ -58,8 +58,19 @@ class Backend(Protocol):
     async def get_step(self, model: TrainableModel) -> int: ...
 
     async def train(
-        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: Sequence[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        promote: bool = True,
     ) -> TrainResult: ...
+
+    async def promote(
+        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+    ) -> int: ...
+
+    async def promoted_step(self, model: TrainableModel) -> int: ...
 
     async def list_checkpoints(self, model: TrainableModel) -> list[int]: ...
 
@@ -198,9 +209,18 @@ class TrainableModel(Model):
         return await self.backend.get_step(self)
 
     async def train(
-        self, groups: Sequence[TrajectoryGroup], config: TrainConfig | None = None, *, langfuse: Any = False
+        self,
+        groups: Sequence[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        *,
+        langfuse: Any = False,
+        promote: bool = True,
     ) -> TrainResult:
         """One training step on ``groups``; returns when the new adapter is being served.
+
+        The new step is served as ``name@step``, and the plain name (what production calls) moves
+        to it, unless ``promote=False``: then it stays on the promoted step until :meth:`promote`
+        or :func:`journeyman.promote_if_better` moves it (adapters served as LoRA only).
 
         ``langfuse`` (True, a ``langfuse.Langfuse`` client or a ``LangfuseExporter``) first exports
         the groups, tagged with this model, its project, the step they were sampled at and split
@@ -209,7 +229,26 @@ class TrainableModel(Model):
         groups = list(groups)
         if langfuse:
             await self._export(groups, langfuse, split="train", step=await self.get_step())
-        return await self.backend.train(self, groups, config or TrainConfig())
+        if promote:  # a backend written before gated promotion takes no such argument
+            return await self.backend.train(self, groups, config or TrainConfig())
+        return await self.backend.train(self, groups, config or TrainConfig(), promote=False)
+
+    async def promote(self, step: int, *, by: str | None = None, gate: dict[str, Any] | None = None) -> None:
+        """Point the plain name at ``step`` (any checkpointed step; requests already running finish on
+        their version) and record it in ``promotions.jsonl`` with ``by`` (default: user@host) and the
+        ``gate``'s numbers."""
+        await self.backend.promote(self, step, action="promote", by=by or who(), gate=gate)
+
+    async def rollback(self, step: int | None = None, *, by: str | None = None) -> int:
+        """Point the plain name back at ``step``, by default the step promoted before the current
+        one; recorded like a promotion. Returns the step now served."""
+        return await self.backend.promote(
+            self, -1 if step is None else step, action="rollback", by=by or who(), gate=None
+        )
+
+    async def promoted_step(self) -> int:
+        """The step the plain name serves."""
+        return await self.backend.promoted_step(self)
 
     async def list_checkpoints(self) -> list[int]:
         """Steps with a complete checkpoint on the backend."""
@@ -218,6 +257,17 @@ class TrainableModel(Model):
     async def delete_checkpoints(self, best_metric: str | None = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
         return await self.backend.delete_checkpoints(self, best_metric)
+
+
+def who() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without a passwd entry)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def summarize(groups: Sequence[TrajectoryGroup], prefix: str = "") -> dict[str, float]:

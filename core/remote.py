@@ -67,13 +67,19 @@ class RemoteBackend:
         return int((await self._call("GET", f"/api/models/{model.project}/{model.name}/step"))["step"])
 
     async def train(
-        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: Sequence[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        promote: bool = True,
     ) -> TrainResult:
         body = (
             '{"groups": ['
             + ", ".join(g.model_dump_json() for g in groups)
             + '], "config": '
             + config.model_dump_json()
+            + f', "promote": {json.dumps(promote)}'
             + "}"
         )
         path = f"/api/models/{model.project}/{model.name}/train"
@@ -95,6 +101,16 @@ class RemoteBackend:
         except httpx.HTTPError as error:
             raise BackendError(f"the connection to {self.url} broke during training: {error!r}") from error
         raise BackendError("the server closed the training stream without a result; check its log")
+
+    async def promote(
+        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+    ) -> int:
+        body = {"step": step, "action": action, "by": by, "gate": gate}
+        answer = await self._call("POST", f"/api/models/{model.project}/{model.name}/promoted", json=body)
+        return int(answer["step"])
+
+    async def promoted_step(self, model: TrainableModel) -> int:
+        return int((await self._call("GET", f"/api/models/{model.project}/{model.name}/promoted"))["step"])
 
     async def list_checkpoints(self, model: TrainableModel) -> list[int]:
         answer = await self._call("GET", f"/api/models/{model.project}/{model.name}/checkpoints")

@@ -35,6 +35,7 @@ from journeyman.trajectory import TrajectoryGroup, load_group
 
 __all__ = [
     "CHECKPOINT_STATE",
+    "PROMOTION_ACTIONS",
     "ModelStore",
     "atomic_dir",
     "atomic_write",
@@ -45,6 +46,8 @@ __all__ = [
 
 CHECKPOINT_STATE = "trainer_state.json"
 """The trainer's state in a checkpoint folder (step, metrics, config), beside the adapter."""
+PROMOTION_ACTIONS = ("promote", "rollback", "hold")
+"""What a promotions.jsonl row records: the plain name moved forward, moved back, or a gate held it."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -285,6 +288,41 @@ class ModelStore:
                 ) from None
         return rows
 
+    # Promotions ------------------------------------------------------------------------------
+
+    @property
+    def promotions_path(self) -> Path:
+        """Each move of the plain name (promote, rollback) and each gate that held it (JSONL)."""
+        return self.path / "promotions.jsonl"
+
+    def append_promotion(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Record a promotion decision: ``action`` (promote, rollback, hold), ``step``, and who and
+        why (``by``, ``gate``); ``time`` is added when absent."""
+        if row.get("action") not in PROMOTION_ACTIONS or not isinstance(row.get("step"), int):
+            raise InvalidDataError(
+                f"a promotion row needs an action ({', '.join(PROMOTION_ACTIONS)}) and an integer step, got {row}"
+            )
+        row = {"time": datetime.now(UTC).isoformat(), **row}
+        _append_line(self.promotions_path, [json.dumps(row, allow_nan=False)])
+        return row
+
+    def read_promotions(self) -> list[dict[str, Any]]:
+        rows = []
+        for number, line in enumerate(_read_lines(self.promotions_path), start=1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise InvalidDataError(
+                    f"{self.promotions_path}, line {number}: not JSON ({error.msg})"
+                ) from None
+        return rows
+
+    def promoted_step(self) -> int | None:
+        """The step the plain name serves: the last promotion or rollback recorded; None when none
+        was (then it is the latest step)."""
+        moves = [row for row in self.read_promotions() if row.get("action") in ("promote", "rollback")]
+        return int(moves[-1]["step"]) if moves else None
+
     # Checkpoints -----------------------------------------------------------------------------
 
     def checkpoint_steps(self) -> list[int]:
@@ -312,9 +350,12 @@ class ModelStore:
     def prune_checkpoints(
         self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True
     ) -> list[int]:
-        """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
+        """Delete every checkpoint but the latest, the promoted one and the best by ``best_metric``;
+        return the deleted steps."""
         steps = self.checkpoint_steps()
         keep = {steps[-1]} if steps else set()
+        if (promoted := self.promoted_step()) is not None:
+            keep.add(promoted)
         if (
             best_metric is not None
             and (best := self.best_step(best_metric, higher_is_better=higher_is_better)) is not None

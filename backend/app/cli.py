@@ -16,7 +16,7 @@ from journeyman.config import LossType
 from journeyman.errors import JourneymanError
 
 from ..models import EMBEDDED_MODELS, prepare_model, prepared_folder
-from .cli_runs import Root, checkpoints_app, export, judge_app, plot, trajectories_app
+from .cli_runs import Root, checkpoints_app, export, judge_app, plot, promote, rollback, trajectories_app
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: list and prepare the embedded ones.", no_args_is_help=True)
@@ -26,6 +26,8 @@ app.add_typer(trajectories_app, name="trajectories")
 app.add_typer(judge_app, name="judge")
 app.command("plot")(plot)
 app.command("export")(export)
+app.command("promote")(promote)
+app.command("rollback")(rollback)
 
 
 @model_app.command("prepare")

@@ -29,16 +29,35 @@ Root = Annotated[Path | None, typer.Option(help="Store root (default: $JOURNEYMA
 def checkpoints_list(project: str, model: str, root: Root = None) -> None:
     """Steps with a complete checkpoint, their size and the metrics they were saved with."""
     store = ModelStore(project, model, root=root)
-    table = Table("step", "size MB", "reward/mean", "train/loss")
-    for step in store.checkpoint_steps():
+    steps = store.checkpoint_steps()
+    promoted = store.promoted_step()
+    promoted = steps[-1] if promoted is None and steps else promoted
+    table = Table("step", "size MB", "reward/mean", "train/loss", "served as the plain name")
+    for step in steps:
         folder = store.checkpoint_path(step)
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
         state = folder / CHECKPOINT_STATE
         metrics = json.loads(state.read_text()).get("metrics", {}) if state.is_file() else {}
         table.add_row(
-            str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss"))
-        )
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+            str(step), f"{size:.1f}", _fmt(metrics.get("reward/mean")), _fmt(metrics.get("train/loss")),
+            "promoted" if step == promoted else "",
+        )  # fmt: skip
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    decisions = [row for row in store.read_promotions() if row.get("by") != "train"]
+    if decisions:  # promotions by hand or by a gate, and holds (each train step's own is left out)
+        log = Table("time", "action", "step", "from step", "by", "gate: candidate / promoted (min delta)")
+        for row in decisions:
+            gate = row.get("gate") or {}
+            numbers = (
+                f"{gate['candidate']:.3f} / {gate['incumbent']:.3f} ({gate['min_delta']:+.3f}), n={gate['samples']}"
+                if gate else ""
+            )  # fmt: skip
+            log.add_row(
+                str(row.get("time", ""))[:19], row["action"], str(row["step"]), str(row.get("from_step", "")),
+                str(row.get("by", "")), numbers,
+            )  # fmt: skip
+        console.print(log)
 
 
 @checkpoints_app.command("prune")
@@ -247,6 +266,73 @@ def export(
             if reference != exported:
                 typer.echo(f"  step:   {reference!r}\n  export: {exported!r}")
         raise typer.Exit(2)
+
+
+Url = Annotated[
+    str | None,
+    typer.Option(
+        envvar="JOURNEYMAN_URL",
+        help="A running `journeyman serve` to move the name on now (token: --token or $JOURNEYMAN_TOKEN). "
+        "Without it the move is recorded in the store and served from the model's next registration.",
+    ),
+]
+Token = Annotated[str | None, typer.Option(envvar="JOURNEYMAN_TOKEN", help="The server's bearer token.")]
+
+
+def promote(
+    project: str, model: str, step: int, url: Url = None, token: Token = None, root: Root = None
+) -> None:
+    """Point a model's plain name (what production calls) at STEP, and record who did it."""
+    typer.echo(_move(project, model, step, "promote", url, token, root))
+
+
+def rollback(
+    project: str,
+    model: str,
+    step: Annotated[
+        int | None,
+        typer.Option(help="Step to go back to (default: the one promoted before the current one)."),
+    ] = None,
+    url: Url = None,
+    token: Token = None,
+    root: Root = None,
+) -> None:
+    """Point a model's plain name back at an earlier step, and record who did it."""
+    typer.echo(_move(project, model, -1 if step is None else step, "rollback", url, token, root))
+
+
+def _move(
+    project: str, model: str, step: int, action: str, url: str | None, token: str | None, root: Path | None
+) -> str:
+    from journeyman.backend.local import previous_promotion
+    from journeyman.model import who
+
+    body = {"step": step, "action": action, "by": who(), "gate": None}
+    if url is not None:
+        import httpx
+
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        response = httpx.post(
+            f"{url.rstrip('/')}/api/models/{project}/{model}/promoted",
+            json=body,
+            headers=headers,
+            timeout=600,
+        )
+        if response.status_code != 200:
+            raise JourneymanError(f"{url} answered {response.status_code}: {response.text[:500]}")
+        return f"{model} now answers as step {response.json()['step']} ({url})"
+    store = ModelStore(project, model, root=root)
+    steps = store.checkpoint_steps()
+    current = store.promoted_step()
+    current = steps[-1] if current is None and steps else current
+    if step == -1:
+        step = previous_promotion(store.read_promotions(), -1 if current is None else current)
+    if step not in steps:
+        raise JourneymanError(f"{store.path} has no checkpoint of step {step}; it has steps {steps}")
+    store.append_promotion({**body, "step": step, "from_step": current})
+    return (
+        f"recorded: {model} answers as step {step} from its next registration (no --url: no server was told)"
+    )
 
 
 def _stored_steps(store: ModelStore, split: str) -> list[int]:

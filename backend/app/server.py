@@ -5,7 +5,9 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     GET    /health
     POST   /api/models                                   register {name, project, base_model, lora}
     GET    /api/models/{project}/{name}/step
-    POST   /api/models/{project}/{name}/train            {groups, config} -> NDJSON progress events
+    POST   /api/models/{project}/{name}/train            {groups, config, promote} -> NDJSON progress events
+    GET    /api/models/{project}/{name}/promoted         the step the plain name serves
+    POST   /api/models/{project}/{name}/promoted         {step, action, by, gate}: promote, roll back, hold
     GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
     PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (serving/adapters.py)
@@ -40,7 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.errors import AdapterError, ConfigError, InvalidDataError, JourneymanError
 from journeyman.model import TrainableModel
-from journeyman.store import atomic_dir, validate_name
+from journeyman.store import PROMOTION_ACTIONS, atomic_dir, validate_name
 from journeyman.trajectory import TrajectoryGroup, format_validation_error
 
 from ..local import LocalBackend
@@ -192,6 +194,8 @@ class _Api:
             Route("/api/models/{project}/{name}/step", self.step, methods=["GET"]),
             Route("/api/models/{project}/{name}/train", _json_body(self.train), methods=["POST"]),
             Route("/api/models/{project}/{name}/checkpoints", self.checkpoints, methods=["GET", "DELETE"]),
+            Route("/api/models/{project}/{name}/promoted", self.promoted, methods=["GET"]),
+            Route("/api/models/{project}/{name}/promoted", _json_body(self.promote), methods=["POST"]),
             deployment_route(self.backend),  # adapters pushed by a trainer on another machine
         ]
 
@@ -241,8 +245,30 @@ class _Api:
         if not groups:
             raise InvalidDataError("'groups' must be a non-empty list of trajectory groups")
         config = TrainConfig.model_validate(body.get("config") or {})
-        events = _train_events(self.backend, model, groups, config)
+        promote = body.get("promote", True)
+        if not isinstance(promote, bool):
+            raise InvalidDataError("'promote' must be true or false")
+        events = _train_events(self.backend, model, groups, config, promote)
         return StreamingResponse(events, media_type="application/x-ndjson")
+
+    async def promoted(self, request: Request) -> Response:
+        model = self.lookup(request)
+        if isinstance(model, Response):
+            return model
+        return JSONResponse({"step": await self.backend.promoted_step(model)})
+
+    async def promote(self, request: Request, body: dict[str, Any]) -> Response:
+        model = self.model_of(request)
+        step, action, by, gate = body.get("step"), body.get("action"), body.get("by"), body.get("gate")
+        if not isinstance(step, int) or isinstance(step, bool) or action not in PROMOTION_ACTIONS:
+            raise InvalidDataError(
+                f"expected {{'step': <int>, 'action': one of {', '.join(PROMOTION_ACTIONS)}, 'by': ..., 'gate': ...}}"
+            )
+        if not isinstance(by, str) or not (gate is None or isinstance(gate, dict)):
+            raise InvalidDataError("'by' must be a string and 'gate' an object or null")
+        return JSONResponse(
+            {"step": await self.backend.promote(model, step, action=action, by=by, gate=gate)}
+        )
 
     async def checkpoints(self, request: Request) -> Response:
         model = self.lookup(request)
@@ -299,11 +325,15 @@ def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int
 
 
 async def _train_events(
-    backend: LocalBackend, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    backend: LocalBackend,
+    model: TrainableModel,
+    groups: list[TrajectoryGroup],
+    config: TrainConfig,
+    promote: bool,
 ) -> AsyncIterator[bytes]:
     """NDJSON: a 'started' event, a 'progress' heartbeat every few seconds, then 'done' or 'error'."""
     yield json.dumps({"event": "started", "groups": len(groups)}).encode() + b"\n"
-    task = asyncio.create_task(backend.train(model, groups, config))
+    task = asyncio.create_task(backend.train(model, groups, config, promote=promote))
     while not task.done():
         await asyncio.wait({task}, timeout=5.0)
         if not task.done():

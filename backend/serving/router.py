@@ -1,10 +1,13 @@
 """Which served name answers a model name, and moving it to new adapter versions.
 
 A trainable model ``calc-agent`` is served as versioned LoRA adapters ``calc-agent@0``,
-``calc-agent@1``, ... The plain name is an alias for the current version; a versioned name asks
-for that version exactly. :meth:`Router.deploy` loads a new version, moves the alias to it only
-after the load succeeded, and unloads versions beyond the ones kept, each only once no request
-through the gateway still uses it.
+``calc-agent@1``, ... The plain name is an alias for the promoted version; a versioned name asks
+for that version exactly. :meth:`Router.deploy` loads a new version and, unless told not to
+(``promote=False``: a candidate a gate decides on), moves the alias to it once the load
+succeeded; :meth:`Router.promote` moves the alias to any step (a rollback too), loading it again
+if it was unloaded. Versions beyond the ones kept are unloaded, never the promoted one, each only
+once no request through the gateway still uses it: a request runs to its end on the version it
+started with.
 
 With ``VLLMConfig(merge_adapters=True)`` the server runs without LoRA: a deploy merges the adapter
 into the base weights (``backend/serving/merge.py``), holds new requests at the gateway, waits for the
@@ -143,13 +146,14 @@ class Router:
 
     # Deploying ---------------------------------------------------------------------------------
 
-    async def deploy(self, name: str, adapter_dir: Path | None, step: int) -> str:
+    async def deploy(self, name: str, adapter_dir: Path | None, step: int, *, promote: bool = True) -> str:
         """Serve ``adapter_dir`` as ``name@step`` and point ``name`` at it; return the served name.
 
         ``adapter_dir=None`` (only at step 0) serves the base model under ``name``. If the load
         fails, :class:`AdapterError` is raised and ``name`` keeps answering with its old version;
         if it failed because vLLM died, ``name`` points at the new version, which the server's
-        restart loads.
+        restart loads. ``promote=False`` serves ``name@step`` only and leaves ``name`` where it is
+        (a model's first deploy names it all the same).
         """
         validate_name(name, "model name")
         async with self._deploy_lock:
@@ -158,6 +162,12 @@ class Router:
             if adapter_dir is None and step != 0:
                 raise AdapterError(
                     f"only step 0 can serve the base model; step {step} needs an adapter folder"
+                )
+            if self.merged and not promote and deployment is not None:
+                raise ConfigError(
+                    f"{name}@{step} cannot be served beside {name}'s promoted step: this vLLM server merges "
+                    "adapters into its weights and so holds one version at a time. Gate promotions with "
+                    "adapters served as LoRA (merge_adapters=False, --no-merge-adapters)"
                 )
             if self.merged:
                 if deployment is None and self.deployments:
@@ -190,14 +200,43 @@ class Router:
                         if not self._died_since(processes):
                             raise
                         self._died_while("loading", served)
-                deployment = self._point(name, served, adapter_dir, step)
+                if promote or deployment is None:
+                    deployment = self._point(name, served, adapter_dir, step)
                 if adapter_dir is not None:
                     deployment.loaded.append((step, served, Path(adapter_dir)))
                 await self._unload_old(deployment)
+            current = self.deployments[name].served_name
             if self.merged and adapter_dir is not None:  # the server's own name, with the step merged in
                 logger.info("%s now answers with step %d merged into %s's weights", name, step, served)
-            else:
+            elif current == served:
                 logger.info("%s now answers as %s", name, served)
+            else:
+                logger.info("%s is served; %s still answers as %s", served, name, current)
+            return served
+
+    async def promote(self, name: str, step: int, adapter_dir: Path | None) -> str:
+        """Point ``name`` at its step ``step`` (``adapter_dir``: that step's adapter, None for step 0's
+        base model), loading it first if it is not loaded; return the served name. Requests already
+        running finish on the version they started with. With merged serving the weights are reloaded."""
+        async with self._deploy_lock:
+            deployment = self.deployments.get(name)
+            if deployment is None:
+                raise ConfigError(f"{name} is not served here; register it first")
+            if adapter_dir is None and step != 0:
+                raise AdapterError(f"only step 0 is the base model; step {step} needs an adapter folder")
+            if self.merged:
+                served = self.base_name
+                await self._reload(adapter_dir, then=lambda: self._point(name, served, adapter_dir, step))
+            else:
+                served = self.base_name if adapter_dir is None else f"{name}@{step}"
+                if adapter_dir is not None and not any(
+                    loaded == served for _, loaded, _ in deployment.loaded
+                ):
+                    await self.server.load_adapter(served, adapter_dir)
+                    deployment.loaded.append((step, served, Path(adapter_dir)))
+                self._point(name, served, adapter_dir, step)
+                await self._unload_old(deployment)
+            logger.info("%s promoted to step %d (%s)", name, step, served)
             return served
 
     def _point(self, name: str, served: str, adapter_dir: Path | None, step: int) -> Deployment:
@@ -225,9 +264,12 @@ class Router:
         if self.server.exit_code() is not None:
             return  # a dead server holds nothing; its restart loads only what is kept
         while len(deployment.loaded) > self.keep_versions:
-            _, served, _ = deployment.loaded[0]
-            if served == deployment.served_name:
+            oldest = next(
+                (i for i, (_, s, _) in enumerate(deployment.loaded) if s != deployment.served_name), None
+            )
+            if oldest is None:
                 break
+            _, served, _ = deployment.loaded[oldest]
             deadline = time.monotonic() + self.drain_timeout
             while self.in_flight(served) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # requests already running keep their adapter
@@ -236,7 +278,7 @@ class Router:
                     "%s still has requests after %.0f s; unloading it anyway", served, self.drain_timeout
                 )
             await self.server.unload_adapter(served)
-            deployment.loaded.pop(0)
+            deployment.loaded.pop(oldest)
             logger.info("unloaded %s", served)
 
     async def _reload(self, adapter_dir: Path | None, then: Callable[[], object] = lambda: None) -> None:
@@ -278,7 +320,8 @@ class Router:
                 if self.merged:
                     self._merged_from = None  # a restarted server loads the base weights
                     await self._reload(deployment.adapter_dir)
-                del deployment.loaded[: -self.keep_versions]  # more if a deploy met a dead server
+                # more than kept if a deploy met a dead server
+                deployment.loaded = _kept(deployment, self.keep_versions)
                 for _, served, folder in deployment.loaded:
                     await self.server.load_adapter(served, folder)
 
@@ -290,3 +333,10 @@ class Router:
         self.server.launch()  # from this thread: the server lives as long as the caller's thread
         await asyncio.to_thread(self.server.wait_healthy)
         await self.redeploy()
+
+
+def _kept(deployment: Deployment, keep: int) -> list[tuple[int, str, Path]]:
+    """The loaded versions less the oldest ones beyond ``keep``, never the promoted one."""
+    others = [v for v in deployment.loaded if v[1] != deployment.served_name]
+    dropped = others[: max(len(deployment.loaded) - keep, 0)]
+    return [v for v in deployment.loaded if v not in dropped]

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 import journeyman as jm
+from journeyman.backend.app.cli import app
 from journeyman.backend.serving.vllm import free_port
 from journeyman.records import CompletionRecord
 from tests.integration.test_local_backend import QUESTIONS, ask
@@ -83,15 +85,24 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
                 (jm.TrajectoryGroup(rollout(model, records, q, a) for _ in range(6)) for q, a in QUESTIONS),
                 progress=False,
             )
-            result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
+            result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4), promote=step == 0)
             assert result.step == step + 1 and "train/loss" in result.metrics
 
+        async def served_as(name: str) -> str:
+            response = await client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
+            return record.served_model
+
         assert await model.get_step() == 2
-        response = await client.chat.completions.create(
-            model="remote", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        assert await model.promoted_step() == 1  # step 2 was trained with promote=False
+        assert await served_as("remote") == "remote@1" and await served_as("remote@2") == "remote@2"
+        promoted = CliRunner().invoke(
+            app, ["promote", "test", "remote", "2", "--url", serve, "--token", TOKEN]
         )
-        record = CompletionRecord.model_validate_json((await records.get(f"/records/{response.id}")).text)
-        assert record.served_model == "remote@2"
+        assert promoted.exit_code == 0, promoted.output
+        assert await model.promoted_step() == 2 and await served_as("remote") == "remote@2"
         assert await model.list_checkpoints() == [0, 1, 2]
         assert await model.delete_checkpoints(best_metric=None) == [0, 1]
         assert await model.list_checkpoints() == [2]

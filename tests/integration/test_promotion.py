@@ -1,0 +1,96 @@
+"""Gated promotion through LocalBackend with the real vLLM server: a better step is promoted, a worse
+one is served as ``name@step`` while production keeps the promoted step, a rollback moves the plain
+name back while a running request finishes on its version, and a restart serves the promoted step."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+import journeyman as jm
+from journeyman.backend import LocalBackend
+
+QUESTION = [{"role": "user", "content": "Name a colour."}]
+
+
+async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_goes_back(
+    tmp_path: Path,
+) -> None:
+    async with LocalBackend(root=tmp_path) as backend, httpx.AsyncClient(timeout=120) as http:
+        model = jm.TrainableModel(name="gated", project="test", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        assert backend.server is not None and backend.router is not None and backend.records is not None
+        client = model.openai_client()
+
+        async def sample() -> jm.Trajectory:
+            response = await client.chat.completions.create(
+                model=model.name, messages=QUESTION, max_tokens=8, temperature=1.0
+            )
+            record = backend.records.get(response.id)  # type: ignore[union-attr]
+            assert record is not None
+            return jm.Trajectory(conversation=[*QUESTION, record.model_turn()])
+
+        trajectories = [await sample() for _ in range(8)]
+        answers = [tuple(t.model_turns[-1].completion_token_ids or []) for t in trajectories]
+        assert len(set(answers)) > 1, "eight samples at temperature 1 were all the same"
+        target, prompt = answers[0], list(trajectories[0].model_turns[-1].prompt_token_ids or [])
+
+        async def evaluate(name: str) -> list[jm.Trajectory]:
+            """The held-out check: log p(target answer) under what ``name`` is served as now."""
+            served, _ = backend.router.resolve(name)  # type: ignore[union-attr]
+            body = {"model": served, "prompt": prompt + list(target), "max_tokens": 1, "prompt_logprobs": 0}
+            reply = await http.post(f"{backend.server.base_url}/v1/completions", json=body)  # type: ignore[union-attr]
+            reply.raise_for_status()
+            positions = reply.json()["choices"][0]["prompt_logprobs"][len(prompt) :]
+            logprob = sum(next(iter(p.values()))["logprob"] for p in positions)
+            return [jm.Trajectory(conversation=QUESTION, reward=logprob)]
+
+        def rewarded(sign: float) -> list[jm.TrajectoryGroup]:
+            for trajectory, answer in zip(trajectories, answers, strict=True):
+                trajectory.reward = sign * (1.0 if answer == target else 0.0)
+            return [jm.TrajectoryGroup(trajectories)]
+
+        # Step 1 rewards the target answer: served as gated@1 only, then promoted by the gate.
+        step1 = await model.train(rewarded(+1), jm.TrainConfig(learning_rate=1e-3), promote=False)
+        assert backend.router.resolve("gated") == ("base", 0)
+        assert backend.router.resolve("gated@1") == ("gated@1", 1)
+        better = await jm.promote_if_better(model, step1.step, evaluate)
+        assert better.promoted and better.candidate > better.incumbent, better
+        assert backend.router.resolve("gated") == ("gated@1", 1) and await model.promoted_step() == 1
+
+        # Step 2 punishes it: worse on the check, so it is served by name and production stays.
+        step2 = await model.train(rewarded(-1), jm.TrainConfig(learning_rate=1e-3), promote=False)
+        worse = await jm.promote_if_better(model, step2.step, evaluate)
+        assert not worse.promoted and worse.candidate < worse.incumbent, worse
+        assert backend.router.resolve("gated") == ("gated@1", 1)
+        reply = await client.chat.completions.create(model="gated@2", messages=QUESTION, max_tokens=2)
+        assert backend.records.get(reply.id).served_model == "gated@2"  # type: ignore[union-attr]
+
+        # A rollback while a request runs: it finishes on the version it started with.
+        running = asyncio.create_task(
+            client.chat.completions.create(model="gated", messages=QUESTION, max_tokens=48, temperature=1.0)
+        )
+        await asyncio.sleep(0.5)
+        assert not running.done()
+        assert await model.rollback() == 0
+        finished = await running
+        assert backend.records.get(finished.id).served_model == "gated@1"  # type: ignore[union-attr]
+        assert backend.router.resolve("gated") == ("base", 0)
+
+    moves = [(row["action"], row["step"], row["by"]) for row in model.store.read_promotions()]
+    assert moves[:3] == [("promote", 0, "train"), ("promote", 1, "gate"), ("hold", 2, "gate")]
+    assert moves[3][:2] == ("rollback", 0) and "@" in moves[3][2]
+    assert model.store.read_promotions()[2]["gate"]["candidate"] == worse.candidate
+
+    # A restart serves the promoted step to production and keeps the latest by its name.
+    async with LocalBackend(root=tmp_path) as again:
+        resumed = jm.TrainableModel(name="gated", project="test", base_model="smollm2-135m", root=tmp_path)
+        await resumed.register(again)
+        assert await resumed.get_step() == 2 and await resumed.promoted_step() == 0
+        assert again.router.resolve("gated") == ("base", 0)  # type: ignore[union-attr]
+        reply = await resumed.openai_client().chat.completions.create(
+            model="gated@2", messages=QUESTION, max_tokens=2
+        )
+        assert again.records.get(reply.id).served_model == "gated@2"  # type: ignore[union-attr]

@@ -1,0 +1,216 @@
+"""Gated promotion: the router serves a candidate beside the promoted step, moves the plain name
+only when told, never unloads the promoted step; the store records every move; the gate decides
+from the caller's evaluation; the commands move and list by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import journeyman as jm
+from journeyman.backend.app.cli import app
+from journeyman.backend.serving.router import Router
+from journeyman.backend.serving.vllm import VLLMConfig
+from journeyman.errors import ConfigError, InvalidDataError
+from tests.scripted_upstream import ScriptedServer
+
+
+class AdapterServer(ScriptedServer):
+    """Records adapter loads and unloads."""
+
+    def __init__(self, tmp_path: Path, *, merged: bool = False) -> None:
+        super().__init__("http://127.0.0.1:9", log_dir=tmp_path)
+        self.config = VLLMConfig(model="scripted", served_name="base", merge_adapters=merged)
+        self.loaded: list[str] = []
+        self.events: list[str] = []
+
+    async def load_adapter(self, name: str, path: Path, client: Any = None) -> None:
+        self.loaded.append(name)
+        self.events.append(f"load {name}")
+
+    async def unload_adapter(self, name: str, client: Any = None) -> None:
+        self.loaded.remove(name)
+        self.events.append(f"unload {name}")
+
+    def exit_code(self) -> int | None:
+        return None
+
+
+def test_a_candidate_is_served_beside_the_promoted_step_until_promoted(tmp_path: Path) -> None:
+    server = AdapterServer(tmp_path)
+    router = Router(server, keep_versions=2)
+
+    async def scenario() -> None:
+        await router.deploy("agent", None, 0)
+        assert await router.deploy("agent", tmp_path / "1", 1) == "agent@1"
+        assert router.resolve("agent") == ("agent@1", 1)
+        assert await router.deploy("agent", tmp_path / "2", 2, promote=False) == "agent@2"
+        assert router.resolve("agent") == ("agent@1", 1)  # production stays
+        assert router.resolve("agent@2") == ("agent@2", 2)  # the candidate answers by its name
+        # More candidates than kept versions: the oldest candidates go, never the promoted step.
+        await router.deploy("agent", tmp_path / "3", 3, promote=False)
+        await router.deploy("agent", tmp_path / "4", 4, promote=False)
+        assert server.loaded == ["agent@1", "agent@4"]
+        assert router.resolve("agent") == ("agent@1", 1)
+        assert await router.promote("agent", 4, tmp_path / "4") == "agent@4"
+        assert router.resolve("agent") == ("agent@4", 4)
+        # A rollback to a step no longer loaded loads it again and unloads the oldest other one.
+        assert await router.promote("agent", 3, tmp_path / "3") == "agent@3"
+        assert router.resolve("agent") == ("agent@3", 3)
+        assert server.loaded == ["agent@4", "agent@3"]
+        assert await router.promote("agent", 0, None) == "base"
+        assert router.resolve("agent") == ("base", 0)
+
+    asyncio.run(scenario())
+
+
+def test_requests_running_on_the_old_version_finish_before_it_is_unloaded(tmp_path: Path) -> None:
+    server = AdapterServer(tmp_path)
+    router = Router(server, keep_versions=1)
+
+    async def scenario() -> None:
+        await router.deploy("agent", None, 0)
+        await router.deploy("agent", tmp_path / "1", 1)
+        served, version = await router.admit("agent")  # a request starts on step 1
+        assert (served, version) == ("agent@1", 1)
+        await router.deploy("agent", tmp_path / "2", 2, promote=False)
+        moving = asyncio.create_task(router.promote("agent", 2, tmp_path / "2"))
+        await asyncio.sleep(0.3)
+        assert router.resolve("agent") == ("agent@2", 2)  # new requests get step 2 at once
+        assert "agent@1" in server.loaded and not moving.done()  # the running one keeps step 1
+        router.end(served)
+        await asyncio.wait_for(moving, 5)
+        assert server.loaded == ["agent@2"]
+
+    asyncio.run(scenario())
+
+
+def test_merged_serving_refuses_a_candidate_beside_the_promoted_step(tmp_path: Path) -> None:
+    router = Router(AdapterServer(tmp_path, merged=True))
+
+    async def scenario() -> None:
+        await router.deploy("agent", None, 0)
+        with pytest.raises(ConfigError, match=r"holds one version at a time.*merge_adapters=False"):
+            await router.deploy("agent", tmp_path / "1", 1, promote=False)
+        assert router.resolve("agent") == ("base", 0)
+
+    asyncio.run(scenario())
+
+
+def _store(tmp_path: Path, steps: range = range(4)) -> jm.ModelStore:
+    store = jm.ModelStore("p", "agent", root=tmp_path)
+    for step in steps:
+        with store.write_checkpoint(step) as folder:
+            (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+    return store
+
+
+def test_the_store_records_moves_and_keeps_the_promoted_checkpoint(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    assert store.promoted_step() is None
+    store.append_promotion({"action": "promote", "step": 1, "by": "train"})
+    store.append_promotion({"action": "hold", "step": 2, "by": "gate"})
+    assert store.promoted_step() == 1  # a hold moves nothing
+    store.append_promotion({"action": "rollback", "step": 0, "by": "me"})
+    assert store.promoted_step() == 0
+    assert [row["action"] for row in store.read_promotions()] == ["promote", "hold", "rollback"]
+    assert all("time" in row for row in store.read_promotions())
+    with pytest.raises(InvalidDataError, match="needs an action"):
+        store.append_promotion({"action": "demote", "step": 1})
+    store.append_promotion({"action": "promote", "step": 1, "by": "me"})
+    assert store.prune_checkpoints(None) == [0, 2]  # the latest (3) and the promoted (1) stay
+    assert store.checkpoint_steps() == [1, 3]
+
+
+class GateBackend:
+    """Only what promote_if_better asks of a backend."""
+
+    def __init__(self, promoted: int) -> None:
+        self.promoted = promoted
+        self.calls: list[tuple[int, str, dict[str, Any] | None]] = []
+
+    async def promoted_step(self, model: Any) -> int:
+        return self.promoted
+
+    async def promote(
+        self, model: Any, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+    ) -> int:
+        self.calls.append((step, action, gate))
+        if action == "promote":
+            self.promoted = step
+        return step
+
+
+def _gated(rewards: dict[str, list[float]], gate: jm.Gate) -> tuple[jm.GateDecision, GateBackend, list[str]]:
+    model = jm.TrainableModel(name="agent", project="p", base_model="smollm2-135m")
+    backend = GateBackend(promoted=1)
+    model._backend = backend  # type: ignore[assignment]
+    asked: list[str] = []
+
+    async def evaluate(name: str) -> list[jm.TrajectoryGroup]:
+        asked.append(name)
+        trajectories = [
+            jm.Trajectory(conversation=[{"role": "user", "content": "q"}], reward=r) for r in rewards[name]
+        ]
+        return [jm.TrajectoryGroup(trajectories)]
+
+    decision = asyncio.run(jm.promote_if_better(model, 2, evaluate, gate))
+    return decision, backend, asked
+
+
+def test_the_gate_promotes_a_better_step_and_holds_a_worse_one() -> None:
+    better, backend, asked = _gated({"agent@2": [1, 1, 0, 1], "agent": [0, 1, 0, 0]}, jm.Gate())
+    assert asked == ["agent@2", "agent"]  # the candidate by its name, production by the plain name
+    assert better.promoted and better.delta == pytest.approx(0.5) and better.samples == (4, 4)
+    assert backend.promoted == 2 and backend.calls[0][1] == "promote"
+    assert backend.calls[0][2] == better.to_dict()  # the numbers are recorded with the move
+
+    worse, backend, _ = _gated({"agent@2": [0, 0, 1, 0], "agent": [1, 1, 0, 1]}, jm.Gate())
+    assert not worse.promoted and worse.delta == pytest.approx(-0.5)
+    assert backend.promoted == 1 and backend.calls == [(2, "hold", worse.to_dict())]
+
+    tolerated, backend, _ = _gated({"agent@2": [0.9, 0.9], "agent": [1.0, 1.0]}, jm.Gate(min_delta=-0.2))
+    assert tolerated.promoted and backend.promoted == 2
+
+
+def test_the_gate_needs_enough_scored_samples() -> None:
+    with pytest.raises(
+        ConfigError, match="needs 5 scored trajectories of agent@2, the evaluation returned 3"
+    ):
+        _gated({"agent@2": [1, 1, 1], "agent": [0] * 5}, jm.Gate(samples=5))
+    decision, _, _ = _gated({"agent@2": [1, 1, 0, 0], "agent": [0, 0, 1, 1]}, jm.Gate(samples=2))
+    assert decision.samples == (2, 2) and decision.delta == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="at least 1"):
+        jm.Gate(samples=0)
+
+
+def test_promote_and_rollback_by_hand_are_recorded_and_listed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    for step in (1, 2, 3):
+        store.append_promotion({"action": "promote", "step": step, "by": "train"})
+    runner = CliRunner()
+    rolled = runner.invoke(app, ["rollback", "p", "agent", "--root", str(tmp_path)])
+    assert rolled.exit_code == 0, rolled.output
+    assert "answers as step 2 from its next registration" in rolled.output
+    assert store.promoted_step() == 2
+    assert runner.invoke(app, ["promote", "p", "agent", "3", "--root", str(tmp_path)]).exit_code == 0
+    assert store.promoted_step() == 3
+    missing = runner.invoke(app, ["promote", "p", "agent", "9", "--root", str(tmp_path)])
+    assert missing.exit_code != 0 and "no checkpoint of step 9" in str(missing.exception)
+    rows = store.read_promotions()
+    assert [(r["action"], r["step"], r["from_step"]) for r in rows[3:]] == [
+        ("rollback", 2, 3),
+        ("promote", 3, 2),
+    ]
+    assert all("@" in r["by"] for r in rows[3:])  # user@host
+    listed = runner.invoke(app, ["checkpoints", "list", "p", "agent", "--root", str(tmp_path)])
+    assert listed.exit_code == 0
+    lines = listed.output.splitlines()
+    assert any(line.split("│")[1].strip() == "3" and "promoted" in line for line in lines if "│" in line)
+    log = listed.output.split("gate: candidate")[1]
+    assert "rollback" in log and " train " not in log  # each training step's own move is left out
