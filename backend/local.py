@@ -335,10 +335,19 @@ class LocalBackend:
         return TrainResult(result.step, result.metrics)
 
     async def promote(
-        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+        self,
+        model: TrainableModel,
+        step: int,
+        *,
+        action: str,
+        by: str,
+        gate: dict[str, Any] | None,
+        share: float | None = None,
     ) -> int:
         """Move ``model``'s plain name to ``step`` and record it (``action`` promote or rollback;
-        rollback with step -1: the step promoted before the current one); ``hold`` only records."""
+        rollback with step -1: the step promoted before the current one); ``canary`` sends
+        ``share`` of its rollouts to ``step``; ``hold`` records a gate that kept the name (and ends
+        a canary)."""
         trainer = self._trainer(model)
         store = model.store
         current = store.promoted_step()
@@ -350,17 +359,19 @@ class LocalBackend:
             raise ConfigError(
                 f"{model.name} has no checkpoint of step {step} to {action}; it has steps {steps}"
             )
-        if action != "hold":
-            if self.router is None:
-                raise ConfigError(f"{action} needs this backend to serve the model (inference=True)")
-            await self.router.promote(model.name, step, self._adapter(model, step))
-        row = {
-            "action": action,
-            "step": step,
-            "from_step": current,
-            "by": by,
-            **({"gate": gate} if gate else {}),
-        }
+        if self.router is None:
+            raise ConfigError(f"{action} needs this backend to serve the model (inference=True)")
+        adapter = self._adapter(model, step)
+        if action == "canary":
+            if share is None or adapter is None:
+                raise ConfigError("a canary needs a trained step (not 0) and a share between 0 and 1")
+            await self.router.set_canary(model.name, step, adapter, share)
+        elif action == "hold":
+            self.router.canaries.pop(model.name, None)
+        else:
+            await self.router.promote(model.name, step, adapter)
+        row = {"action": action, "step": step, "from_step": current, "by": by}
+        row |= ({"gate": gate} if gate else {}) | ({"share": share} if share is not None else {})
         await asyncio.to_thread(store.append_promotion, row)
         return step
 

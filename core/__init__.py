@@ -23,7 +23,7 @@ from journeyman.errors import (
     ServerStartError,
     StorageError,
 )
-from journeyman.gate import Gate, GateDecision, promote_if_better
+from journeyman.gate import Gate, GateDecision, promote_canary_if_better, promote_if_better
 from journeyman.gather import gather_trajectory_groups, retry
 from journeyman.judge import Judge
 from journeyman.messages import (
@@ -125,6 +125,7 @@ __all__ = [
     "judge_trajectories",
     "load_group",
     "load_trajectory",
+    "promote_canary_if_better",
     "promote_if_better",
     "retry",
     "ruler",

@@ -31,7 +31,7 @@ from journeyman.trajectory import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from journeyman.model import TrainableModel
 
-__all__ = ["Gate", "GateDecision", "promote_if_better"]
+__all__ = ["Gate", "GateDecision", "promote_canary_if_better", "promote_if_better"]
 
 Evaluate = Callable[[str], Awaitable[Iterable[Trajectory | TrajectoryGroup]]]
 """Runs the held-out scenarios against a served model name; returns the scored trajectories."""
@@ -89,6 +89,40 @@ async def promote_if_better(
         raise ConfigError(f"step {step} is already promoted; train a new step with promote=False to gate it")
     candidate = _values(await evaluate(f"{model.name}@{step}"), gate, f"{model.name}@{step}")
     incumbent = _values(await evaluate(model.name), gate, f"{model.name} (step {incumbent_step})")
+    return await _decide(model, step, incumbent_step, candidate, incumbent, gate)
+
+
+async def promote_canary_if_better(
+    model: TrainableModel,
+    step: int,
+    results: Iterable[Trajectory | TrajectoryGroup],
+    gate: Gate | None = None,
+) -> GateDecision:
+    """Decide a canary (:meth:`~journeyman.TrainableModel.canary`) from the scored rollouts it
+    split: those whose last model turn ``step`` answered against those the promoted step answered.
+    Promotes ``step`` or ends the canary; the decision is recorded either way."""
+    gate = gate or Gate()
+    incumbent_step = await model.promoted_step()
+    trajectories = _flatten(results)
+    candidate = _values(
+        [t for t in trajectories if t.final_policy_version == step], gate, f"{model.name}@{step}"
+    )
+    incumbent = _values(
+        [t for t in trajectories if t.final_policy_version == incumbent_step],
+        gate,
+        f"{model.name} (step {incumbent_step})",
+    )
+    return await _decide(model, step, incumbent_step, candidate, incumbent, gate)
+
+
+async def _decide(
+    model: TrainableModel,
+    step: int,
+    incumbent_step: int,
+    candidate: list[float],
+    incumbent: list[float],
+    gate: Gate,
+) -> GateDecision:
     delta = statistics.fmean(candidate) - statistics.fmean(incumbent)
     decision = GateDecision(
         delta >= gate.min_delta, step, incumbent_step, statistics.fmean(candidate), statistics.fmean(incumbent),
@@ -99,10 +133,13 @@ async def promote_if_better(
     return decision
 
 
+def _flatten(results: Iterable[Trajectory | TrajectoryGroup]) -> list[Trajectory]:
+    return [t for item in results for t in (item if isinstance(item, TrajectoryGroup) else [item])]
+
+
 def _values(results: Iterable[Trajectory | TrajectoryGroup], gate: Gate, what: str) -> list[float]:
-    trajectories = [t for item in results for t in (item if isinstance(item, TrajectoryGroup) else [item])]
     values = []
-    for trajectory in trajectories:
+    for trajectory in _flatten(results):
         value = trajectory.reward if gate.metric == "reward" else trajectory.metrics.get(gate.metric)
         if value is not None:
             values.append(float(value))

@@ -67,7 +67,14 @@ class Backend(Protocol):
     ) -> TrainResult: ...
 
     async def promote(
-        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+        self,
+        model: TrainableModel,
+        step: int,
+        *,
+        action: str,
+        by: str,
+        gate: dict[str, Any] | None,
+        share: float | None = None,
     ) -> int: ...
 
     async def promoted_step(self, model: TrainableModel) -> int: ...
@@ -245,6 +252,12 @@ class TrainableModel(Model):
         return await self.backend.promote(
             self, -1 if step is None else step, action="rollback", by=by or who(), gate=None
         )
+
+    async def canary(self, step: int, share: float, *, by: str | None = None) -> None:
+        """Send ``share`` (0-1) of the plain name's rollouts to ``step``, each rollout whole (by its
+        rollout id: the gateway's ``/r/{id}/v1`` or the tracers' header); ``share=0`` ends it, and so
+        does a promotion. :func:`journeyman.promote_canary_if_better` compares the two and decides."""
+        await self.backend.promote(self, step, action="canary", by=by or who(), gate=None, share=share)
 
     async def promoted_step(self) -> int:
         """The step the plain name serves."""

@@ -103,9 +103,16 @@ class RemoteBackend:
         raise BackendError("the server closed the training stream without a result; check its log")
 
     async def promote(
-        self, model: TrainableModel, step: int, *, action: str, by: str, gate: dict[str, Any] | None
+        self,
+        model: TrainableModel,
+        step: int,
+        *,
+        action: str,
+        by: str,
+        gate: dict[str, Any] | None,
+        share: float | None = None,
     ) -> int:
-        body = {"step": step, "action": action, "by": by, "gate": gate}
+        body = {"step": step, "action": action, "by": by, "gate": gate, "share": share}
         answer = await self._call("POST", f"/api/models/{model.project}/{model.name}/promoted", json=body)
         return int(answer["step"])
 

@@ -46,8 +46,9 @@ __all__ = [
 
 CHECKPOINT_STATE = "trainer_state.json"
 """The trainer's state in a checkpoint folder (step, metrics, config), beside the adapter."""
-PROMOTION_ACTIONS = ("promote", "rollback", "hold")
-"""What a promotions.jsonl row records: the plain name moved forward, moved back, or a gate held it."""
+PROMOTION_ACTIONS = ("promote", "rollback", "hold", "canary")
+"""What a promotions.jsonl row records: the plain name moved forward, moved back, a gate held it,
+or a share of rollouts went to a candidate (``share`` 0 ends it)."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -296,8 +297,8 @@ class ModelStore:
         return self.path / "promotions.jsonl"
 
     def append_promotion(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Record a promotion decision: ``action`` (promote, rollback, hold), ``step``, and who and
-        why (``by``, ``gate``); ``time`` is added when absent."""
+        """Record a promotion decision: ``action`` (promote, rollback, hold, canary), ``step``, and
+        who and why (``by``, ``gate``, ``share``); ``time`` is added when absent."""
         if row.get("action") not in PROMOTION_ACTIONS or not isinstance(row.get("step"), int):
             raise InvalidDataError(
                 f"a promotion row needs an action ({', '.join(PROMOTION_ACTIONS)}) and an integer step, got {row}"

@@ -51,7 +51,7 @@ def checkpoints_list(project: str, model: str, root: Root = None) -> None:
             gate = row.get("gate") or {}
             numbers = (
                 f"{gate['candidate']:.3f} / {gate['incumbent']:.3f} ({gate['min_delta']:+.3f}), n={gate['samples']}"
-                if gate else ""
+                if gate else f"share {row['share']:.0%} of rollouts" if "share" in row else ""
             )  # fmt: skip
             log.add_row(
                 str(row.get("time", ""))[:19], row["action"], str(row["step"]), str(row.get("from_step", "")),

@@ -7,7 +7,8 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     GET    /api/models/{project}/{name}/step
     POST   /api/models/{project}/{name}/train            {groups, config, promote} -> NDJSON progress events
     GET    /api/models/{project}/{name}/promoted         the step the plain name serves
-    POST   /api/models/{project}/{name}/promoted         {step, action, by, gate}: promote, roll back, hold
+    POST   /api/models/{project}/{name}/promoted         {step, action, by, gate, share}: promote, roll back,
+                                                         hold, canary
     GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
     PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (serving/adapters.py)

@@ -177,7 +177,9 @@ class Gateway:
                 "upstream_unavailable",
             )
         try:
-            served, version = await self.router.admit(body["model"])  # counted in flight from here
+            served, version = await self.router.admit(
+                body["model"], rollout_id
+            )  # counted in flight from here
         except ModelUnavailableError as error:
             return _error(404, str(error), "model_not_found")
         call = _Pending(kind, body, rollout_id, served, version, started, clock)

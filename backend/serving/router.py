@@ -18,6 +18,7 @@ model is trained per server and only its current version is served.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import tempfile
 import threading
@@ -71,6 +72,8 @@ class Router:
         """True while merged weights are reloaded: the gateway holds new requests."""
         self._merged_from: Path | None = None
         """The adapter merged into the served weights (merge_adapters=True)."""
+        self.canaries: dict[str, tuple[str, int, float]] = {}
+        """name -> (candidate's served name, its step, the share of rollouts it answers)."""
 
     @property
     def merged(self) -> bool:
@@ -87,9 +90,15 @@ class Router:
     def base_name(self) -> str:
         return self.server.config.served_name
 
-    def resolve(self, requested: str) -> tuple[str, int | None]:
-        """(served name, policy version) for a requested model name; unknown names pass through."""
+    def resolve(self, requested: str, rollout_id: str | None = None) -> tuple[str, int | None]:
+        """(served name, policy version) for a requested model name; unknown names pass through.
+
+        With a canary on the name, a rollout whose id falls in the canary's share gets the
+        candidate, on every call (the share is a hash of the id, so a rollout never switches)."""
         if deployment := self.deployments.get(requested):
+            canary = self.canaries.get(requested)
+            if canary is not None and rollout_id is not None and _bucket(requested, rollout_id) < canary[2]:
+                return canary[0], canary[1]
             return deployment.served_name, deployment.step
         name, at, step = requested.rpartition("@")
         if at and step.isdigit() and (deployment := self.deployments.get(name)):
@@ -121,7 +130,7 @@ class Router:
 
     # In-flight requests (the gateway counts them) ---------------------------------------------
 
-    async def admit(self, requested: str) -> tuple[str, int | None]:
+    async def admit(self, requested: str, rollout_id: str | None = None) -> tuple[str, int | None]:
         """Resolve a request's model name and count it in, as one step; while merged weights are
         being reloaded, wait for them first (so the version is the one that will answer)."""
         while True:
@@ -129,7 +138,7 @@ class Router:
                 if not self._reloading:
                     if problem := self.unavailable(requested):
                         raise ModelUnavailableError(problem)
-                    served, version = self.resolve(requested)
+                    served, version = self.resolve(requested, rollout_id)
                     self._in_flight[served] += 1
                     return served, version
             await asyncio.sleep(0.01)
@@ -202,9 +211,10 @@ class Router:
                         self._died_while("loading", served)
                 if promote or deployment is None:
                     deployment = self._point(name, served, adapter_dir, step)
+                    self.canaries.pop(name, None)
                 if adapter_dir is not None:
                     deployment.loaded.append((step, served, Path(adapter_dir)))
-                await self._unload_old(deployment)
+                await self._unload_old(deployment, also=served)
             current = self.deployments[name].served_name
             if self.merged and adapter_dir is not None:  # the server's own name, with the step merged in
                 logger.info("%s now answers with step %d merged into %s's weights", name, step, served)
@@ -236,7 +246,34 @@ class Router:
                     deployment.loaded.append((step, served, Path(adapter_dir)))
                 self._point(name, served, adapter_dir, step)
                 await self._unload_old(deployment)
+            self.canaries.pop(name, None)
             logger.info("%s promoted to step %d (%s)", name, step, served)
+            return served
+
+    async def set_canary(self, name: str, step: int, adapter_dir: Path, share: float) -> str:
+        """Send ``share`` of ``name``'s rollouts (by rollout id) to its step ``step``, loading it if
+        needed; ``share=0`` ends the canary. Returns the candidate's served name."""
+        if not 0 <= share <= 1:
+            raise ConfigError(f"a canary share is between 0 and 1, got {share}")
+        async with self._deploy_lock:
+            deployment = self.deployments.get(name)
+            if deployment is None:
+                raise ConfigError(f"{name} is not served here; register it first")
+            if self.merged:
+                raise ConfigError(
+                    "a canary serves two versions at once; this vLLM server merges adapters into its weights "
+                    "and holds one. Serve adapters as LoRA (merge_adapters=False, --no-merge-adapters)"
+                )
+            served = f"{name}@{step}"
+            if share == 0:
+                self.canaries.pop(name, None)
+                return served
+            if not any(loaded == served for _, loaded, _ in deployment.loaded):
+                await self.server.load_adapter(served, adapter_dir)
+                deployment.loaded.append((step, served, Path(adapter_dir)))
+            self.canaries[name] = (served, step, share)
+            await self._unload_old(deployment)
+            logger.info("%s: %.0f%% of rollouts go to %s", name, 100 * share, served)
             return served
 
     def _point(self, name: str, served: str, adapter_dir: Path | None, step: int) -> Deployment:
@@ -246,6 +283,11 @@ class Router:
             deployment = self.deployments[name] = Deployment(name, step, served, adapter_dir)
         deployment.step, deployment.served_name, deployment.adapter_dir = step, served, adapter_dir
         return deployment
+
+    def _pinned(self, deployment: Deployment) -> set[str]:
+        """Versions never unloaded: the promoted one and a canary's candidate."""
+        canary = self.canaries.get(deployment.name)
+        return {deployment.served_name, *([canary[0]] if canary else [])}
 
     def _died_since(self, processes: tuple[int | None, ...]) -> bool:
         """A server process died (or was already replaced by the watchdog) since ``processes``."""
@@ -260,13 +302,14 @@ class Router:
             doing, served, self.server.exit_code(), served,
         )  # fmt: skip
 
-    async def _unload_old(self, deployment: Deployment) -> None:
+    async def _unload_old(self, deployment: Deployment, also: str | None = None) -> None:
+        """Unload the oldest versions beyond ``keep_versions``, but never the promoted one, a
+        canary's candidate, or ``also`` (the version just deployed)."""
         if self.server.exit_code() is not None:
             return  # a dead server holds nothing; its restart loads only what is kept
+        pinned = self._pinned(deployment) | ({also} if also else set())
         while len(deployment.loaded) > self.keep_versions:
-            oldest = next(
-                (i for i, (_, s, _) in enumerate(deployment.loaded) if s != deployment.served_name), None
-            )
+            oldest = next((i for i, (_, s, _) in enumerate(deployment.loaded) if s not in pinned), None)
             if oldest is None:
                 break
             _, served, _ = deployment.loaded[oldest]
@@ -321,7 +364,7 @@ class Router:
                     self._merged_from = None  # a restarted server loads the base weights
                     await self._reload(deployment.adapter_dir)
                 # more than kept if a deploy met a dead server
-                deployment.loaded = _kept(deployment, self.keep_versions)
+                deployment.loaded = _kept(deployment, self.keep_versions, self._pinned(deployment))
                 for _, served, folder in deployment.loaded:
                     await self.server.load_adapter(served, folder)
 
@@ -335,8 +378,14 @@ class Router:
         await self.redeploy()
 
 
-def _kept(deployment: Deployment, keep: int) -> list[tuple[int, str, Path]]:
-    """The loaded versions less the oldest ones beyond ``keep``, never the promoted one."""
-    others = [v for v in deployment.loaded if v[1] != deployment.served_name]
+def _kept(deployment: Deployment, keep: int, pinned: set[str]) -> list[tuple[int, str, Path]]:
+    """The loaded versions less the oldest ones beyond ``keep``, never a pinned one."""
+    others = [v for v in deployment.loaded if v[1] not in pinned]
     dropped = others[: max(len(deployment.loaded) - keep, 0)]
     return [v for v in deployment.loaded if v not in dropped]
+
+
+def _bucket(name: str, rollout_id: str) -> float:
+    """Where a rollout falls in [0, 1): the same for every call of the rollout."""
+    digest = hashlib.sha256(f"{name}\0{rollout_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64

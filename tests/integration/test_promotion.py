@@ -68,6 +68,27 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         reply = await client.chat.completions.create(model="gated@2", messages=QUESTION, max_tokens=2)
         assert backend.records.get(reply.id).served_model == "gated@2"  # type: ignore[union-attr]
 
+        # A canary: 30% of rollouts (by rollout id, each whole) go to step 2, the rest to step 1.
+        await model.canary(step2.step, 0.3)
+        gateway = backend.gateway.base_url  # type: ignore[union-attr]
+        limit = asyncio.Semaphore(8)
+
+        async def served_for(rollout: str) -> str:
+            async with limit:
+                body = {"model": "gated", "messages": QUESTION, "max_tokens": 1}
+                reply = await http.post(f"{gateway}/r/{rollout}/v1/chat/completions", json=body)
+                reply.raise_for_status()
+                return backend.records.get(reply.json()["id"]).served_model  # type: ignore[union-attr]
+
+        rollouts = [f"canary-{i}" for i in range(200)]
+        first = await asyncio.gather(*(served_for(r) for r in rollouts))
+        assert set(first) == {"gated@1", "gated@2"}
+        assert 0.2 < first.count("gated@2") / 200 < 0.4, first.count("gated@2")  # binomial sd 0.032
+        again = await asyncio.gather(*(served_for(r) for r in rollouts[:40]))
+        assert again == first[:40]  # a rollout keeps its version
+        await model.canary(step2.step, 0)
+        assert await served_for("after-the-canary") == "gated@1"
+
         # A rollback while a request runs: it finishes on the version it started with.
         running = asyncio.create_task(
             client.chat.completions.create(model="gated", messages=QUESTION, max_tokens=48, temperature=1.0)
@@ -81,7 +102,8 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
 
     moves = [(row["action"], row["step"], row["by"]) for row in model.store.read_promotions()]
     assert moves[:3] == [("promote", 0, "train"), ("promote", 1, "gate"), ("hold", 2, "gate")]
-    assert moves[3][:2] == ("rollback", 0) and "@" in moves[3][2]
+    assert [(m[0], m[1]) for m in moves[3:]] == [("canary", 2), ("canary", 2), ("rollback", 0)]
+    assert [row.get("share") for row in model.store.read_promotions()[3:5]] == [0.3, 0]
     assert model.store.read_promotions()[2]["gate"]["candidate"] == worse.candidate
 
     # A restart serves the promoted step to production and keeps the latest by its name.

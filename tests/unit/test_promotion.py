@@ -102,6 +102,42 @@ def test_merged_serving_refuses_a_candidate_beside_the_promoted_step(tmp_path: P
     asyncio.run(scenario())
 
 
+def test_a_canary_gets_its_share_of_rollouts_each_whole(tmp_path: Path) -> None:
+    server = AdapterServer(tmp_path)
+    router = Router(server, keep_versions=2)
+
+    async def scenario() -> None:
+        await router.deploy("agent", None, 0)
+        await router.deploy("agent", tmp_path / "1", 1)
+        assert await router.set_canary("agent", 2, tmp_path / "2", 0.25) == "agent@2"  # loaded for it
+        rollouts = [f"rollout-{i}" for i in range(2000)]
+        first = [router.resolve("agent", r)[0] for r in rollouts]
+        assert [router.resolve("agent", r)[0] for r in rollouts] == first  # a rollout never switches
+        assert 0.22 < first.count("agent@2") / len(first) < 0.28  # binomial sd ~0.01
+        assert router.resolve("agent") == ("agent@1", 1)  # no rollout id: production
+        assert router.resolve("agent@1", "rollout-1") == ("agent@1", 1)  # a versioned name is exact
+        # Neither the promoted step nor the candidate is unloaded for a newer step; nor is the newer one.
+        await router.deploy("agent", tmp_path / "3", 3, promote=False)
+        assert server.loaded == ["agent@1", "agent@2", "agent@3"]
+        await router.promote("agent", 2, tmp_path / "2")  # a promotion ends the canary
+        assert router.canaries == {} and {router.resolve("agent", r)[0] for r in rollouts[:50]} == {"agent@2"}
+        await router.set_canary("agent", 3, tmp_path / "3", 0.5)
+        await router.set_canary("agent", 3, tmp_path / "3", 0)
+        assert router.canaries == {}
+        with pytest.raises(ConfigError, match="between 0 and 1"):
+            await router.set_canary("agent", 3, tmp_path / "3", 1.5)
+
+    asyncio.run(scenario())
+    merged = Router(AdapterServer(tmp_path, merged=True))
+
+    async def refused() -> None:
+        await merged.deploy("agent", None, 0)
+        with pytest.raises(ConfigError, match="a canary serves two versions at once"):
+            await merged.set_canary("agent", 1, tmp_path / "1", 0.1)
+
+    asyncio.run(refused())
+
+
 def _store(tmp_path: Path, steps: range = range(4)) -> jm.ModelStore:
     store = jm.ModelStore("p", "agent", root=tmp_path)
     for step in steps:
@@ -176,6 +212,23 @@ def test_the_gate_promotes_a_better_step_and_holds_a_worse_one() -> None:
 
     tolerated, backend, _ = _gated({"agent@2": [0.9, 0.9], "agent": [1.0, 1.0]}, jm.Gate(min_delta=-0.2))
     assert tolerated.promoted and backend.promoted == 2
+
+
+def test_a_canary_is_decided_on_the_rollouts_each_version_answered() -> None:
+    model = jm.TrainableModel(name="agent", project="p", base_model="smollm2-135m")
+    backend = GateBackend(promoted=1)
+    model._backend = backend  # type: ignore[assignment]
+
+    def answered(step: int, reward: float) -> jm.Trajectory:
+        q = [{"role": "user", "content": "q"}]
+        return jm.Trajectory(conversation=q, reward=reward, final_policy_version=step)
+
+    groups = [jm.TrajectoryGroup([answered(2, 1.0), answered(1, 0.0), answered(1, 1.0), answered(7, 0.0)])]
+    decision = asyncio.run(jm.promote_canary_if_better(model, 2, groups))
+    assert decision.promoted and decision.samples == (1, 2) and decision.delta == pytest.approx(0.5)
+    assert backend.promoted == 2  # step 7's rollout (another version) was left out
+    with pytest.raises(ConfigError, match="no trajectory"):
+        asyncio.run(jm.promote_canary_if_better(model, 3, groups))
 
 
 def test_the_gate_needs_enough_scored_samples() -> None:
