@@ -43,6 +43,14 @@ from journeyman.messages import (
 from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
 from journeyman.records import CompletionRecord
 from journeyman.remote import RemoteBackend
+from journeyman.replay import (
+    Scenario,
+    read_scenarios,
+    replay,
+    scenarios_from_trajectories,
+    split_held_out,
+    write_scenarios,
+)
 from journeyman.ruler import (
     DEFAULT_PAIRWISE_RUBRIC,
     DEFAULT_RUBRIC,
@@ -105,6 +113,7 @@ __all__ = [
     "Registration",
     "RemoteBackend",
     "RolloutError",
+    "Scenario",
     "Score",
     "ServerStartError",
     "StorageError",
@@ -127,8 +136,13 @@ __all__ = [
     "load_trajectory",
     "promote_canary_if_better",
     "promote_if_better",
+    "read_scenarios",
+    "replay",
     "retry",
     "ruler",
     "ruler_score_group",
+    "scenarios_from_trajectories",
+    "split_held_out",
     "trainable",
+    "write_scenarios",
 ]
