@@ -6,8 +6,10 @@ model, trains two steps, and every group names the trace it came from."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
+import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import convert_to_messages
 from langchain_openai import ChatOpenAI
@@ -85,3 +87,52 @@ async def test_production_traces_replayed_as_groups_train_and_link_back(
 
     stored = model.store.load_groups("train", 1)
     assert {g.metadata["source_trace"] for g in stored} == {s.source for s in scenarios}
+
+
+AGENT = '''
+import journeyman as jm
+
+
+async def attempt(scenario, model):
+    """The production agent: one chat call; reward 1 when the reply holds the expected number."""
+
+    @jm.trainable(model)
+    async def run(s, client):
+        reply = await client.chat.completions.create(messages=list(s.messages), max_tokens=8, temperature=1.0)
+        return 1.0 if s.metadata["answer"] in (reply.choices[0].message.content or "") else 0.0
+
+    return await run(scenario)
+'''
+
+
+def test_the_replay_command_trains_gated_steps_from_a_scenario_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from journeyman.backend.app.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prod_agent.py").write_text(AGENT)
+    rows = [(f"What is {a} plus {b}? Answer with a number.", str(a + b)) for a, b in ((2, 2), (3, 4), (5, 5))]
+    lines = [
+        json.dumps({"prompt": q, "source": f"trace-{i}", "metadata": {"answer": answer}})
+        for i, (q, answer) in enumerate(rows)
+    ]
+    (tmp_path / "scenarios.jsonl").write_text("\n".join([*lines, lines[0]]) + "\n")  # one line repeated
+    args = [
+        "replay", "test", "cli", "--agent", "prod_agent:attempt", "--scenarios", "scenarios.jsonl",
+        "--n", "4", "--per-step", "2", "--steps", "2", "--held-out", "0.34", "--gate", "--min-delta", "-1",
+        "--learning-rate", "1e-4", "--root", str(tmp_path / "root"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "3 scenarios: 2 to train on, 1 held out" in result.output
+    assert "step 1:" in result.output and "step 2:" in result.output and "promoted" in result.output
+    store = jm.ModelStore("test", "cli", root=tmp_path / "root")
+    assert store.checkpoint_steps()[-1] == 2
+    gated = [(r["action"], r["step"]) for r in store.read_promotions() if r["by"] == "gate"]
+    assert gated == [("promote", 1), ("promote", 2)]  # min delta -1: any reward in [0, 1] passes
+    held = {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")}
+    trained = {g.metadata["source_trace"] for step in (0, 1) for g in store.load_groups("train", step)}
+    assert len(held) == 1 and trained == {"trace-0", "trace-1", "trace-2"} - held
