@@ -100,10 +100,14 @@ class ExportCheck:
     """(the step's continuation, the export's) per prompt."""
     export_tokens: tuple[tuple[int, ...], ...]
     """The export's greedy continuation per prompt, as token ids."""
+    lossy: bool = False
+    """The export rounds the weights further (GGUF ``q8_0``): a greedy text may part ways where
+    two tokens were nearly tied, so a difference there is reported, not a failure."""
 
     @property
     def ok(self) -> bool:
-        return self.greedy_equal == self.prompts
+        """Every greedy text equal, or a lossy export (whose differences are only reported)."""
+        return self.lossy or self.greedy_equal == self.prompts
 
 
 def export_step(
@@ -460,7 +464,8 @@ def check_export(export: ModelExport, prompts: Sequence[str], *, max_new_tokens:
     continuations = tuple(
         tuple(int(t) for t in out[len(ids) :]) for out, ids in zip(exported, encoded, strict=True)
     )
-    return ExportCheck(len(prompts), sum(a == b for a, b in pairs), diff, pairs, continuations)
+    lossy = export.format == "gguf" and export.gguf_type == "q8_0"
+    return ExportCheck(len(prompts), sum(a == b for a, b in pairs), diff, pairs, continuations, lossy)
 
 
 def prompt_ids(base: Path, prompts: Sequence[str]) -> list[list[int]]:

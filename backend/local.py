@@ -327,7 +327,10 @@ class LocalBackend:
             row = {"action": "promote", "step": trainer.step, "by": "train"}
             await asyncio.to_thread(model.store.append_promotion, row)
         self._promote[model.name] = promote
-        result = await trainer.train(groups, config)
+        try:
+            result = await trainer.train(groups, config)
+        finally:
+            self._promote[model.name] = True
         if promote and self.router is not None:
             await asyncio.to_thread(
                 model.store.append_promotion, {"action": "promote", "step": result.step, "by": "train"}
@@ -442,9 +445,21 @@ def _in_hub_cache(name: str) -> bool:
 
 
 def previous_promotion(rows: list[dict[str, Any]], current: int) -> int:
-    """The step the plain name served before ``current`` (from promotions.jsonl), for a rollback."""
-    served = [int(row["step"]) for row in rows if row.get("action") in ("promote", "rollback")]
-    for step in reversed(served):
-        if step != current:
-            return step
-    raise ConfigError(f"no step was promoted before step {current}; name the step to roll back to")
+    """The step to roll back to from ``current``: the one promoted before it, where promotions
+    stack up and a rollback takes off the steps above the one it returns to (so two rollbacks go
+    two steps back, not back and forth)."""
+    stack: list[int] = []
+    for row in rows:
+        step = int(row["step"])
+        if row.get("action") == "promote":
+            stack.append(step)
+        elif row.get("action") == "rollback":
+            while stack and stack[-1] != step:
+                stack.pop()
+            if not stack:
+                stack.append(step)
+    while stack and stack[-1] == current:
+        stack.pop()
+    if not stack:
+        raise ConfigError(f"no step was promoted before step {current}; name the step to roll back to")
+    return stack[-1]

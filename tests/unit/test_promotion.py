@@ -242,6 +242,19 @@ def test_the_gate_needs_enough_scored_samples() -> None:
         jm.Gate(samples=0)
 
 
+def test_rollbacks_walk_back_through_the_promotions() -> None:
+    from journeyman.backend.local import previous_promotion
+
+    rows = [{"action": "promote", "step": s} for s in (0, 1, 2, 3)]
+    assert previous_promotion(rows, 3) == 2
+    rows.append({"action": "rollback", "step": 2})
+    assert previous_promotion(rows, 2) == 1  # a second rollback goes further back, not forward to 3
+    rows += [{"action": "rollback", "step": 1}, {"action": "hold", "step": 4}]
+    assert previous_promotion(rows, 1) == 0
+    with pytest.raises(ConfigError, match="no step was promoted before step 0"):
+        previous_promotion([{"action": "promote", "step": 0}], 0)
+
+
 def test_promote_and_rollback_by_hand_are_recorded_and_listed(tmp_path: Path) -> None:
     store = _store(tmp_path)
     for step in (1, 2, 3):
