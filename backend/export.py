@@ -242,24 +242,24 @@ def _write_gguf(hf: Path, path: Path, gguf_type: GGUFType, *, title: str, alias:
     names = gguf.get_tensor_name_map(arch, layers)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "q8_0": gguf.GGMLQuantizationType.Q8_0}[gguf_type]  # fmt: skip
-    with safe_open(hf / "model.safetensors", framework="pt") as weights:
-        keys = list(weights.keys())
-        for key in keys:
-            if key == "lm_head.weight" and config.get("tie_word_embeddings"):
-                continue
-            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
-            if name is None:
-                raise ExportError(f"no GGUF name for the weight {key} of a {arch_name} model")
-            data = weights.get_tensor(key).float().numpy()
-            if arch_name == "llama" and key.endswith(("q_proj.weight", "k_proj.weight")):
-                # llama.cpp applies rotary embeddings to interleaved pairs; HF to halves.
-                data = _permute(data, heads if "q_proj" in key else kv_heads)
-            if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or data.shape[-1] % 32:
-                writer.add_tensor(name, data.astype(np.float32))
-            elif qtype == gguf.GGMLQuantizationType.F16:
-                writer.add_tensor(name, data.astype(np.float16))
-            else:
-                writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    for file in sorted(hf.glob("*.safetensors")):  # one file, or the shards of a larger model
+        with safe_open(file, framework="pt") as weights:
+            for key in weights.keys():  # noqa: SIM118 (safe_open is no dict)
+                if key == "lm_head.weight" and config.get("tie_word_embeddings"):
+                    continue
+                name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+                if name is None:
+                    raise ExportError(f"no GGUF name for the weight {key} of a {arch_name} model")
+                data = weights.get_tensor(key).float().numpy()
+                if arch_name == "llama" and key.endswith(("q_proj.weight", "k_proj.weight")):
+                    # llama.cpp applies rotary embeddings to interleaved pairs; HF to halves.
+                    data = _permute(data, heads if "q_proj" in key else kv_heads)
+                if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or data.shape[-1] % 32:
+                    writer.add_tensor(name, data.astype(np.float32))
+                elif qtype == gguf.GGMLQuantizationType.F16:
+                    writer.add_tensor(name, data.astype(np.float16))
+                else:
+                    writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -52,7 +52,9 @@ def _tokenizer(folder: Path, family: str) -> int:
     return len(fast)
 
 
-def _store(tmp_path: Path, family: str, *, tied: bool = True, steps: tuple[int, ...] = (3,)) -> ModelStore:
+def _store(
+    tmp_path: Path, family: str, *, tied: bool = True, steps: tuple[int, ...] = (3,), shard: str | None = None
+) -> ModelStore:
     """A store whose checkpoints hold random (non-zero) LoRA adapters on a tiny base model."""
     from peft import LoraConfig, get_peft_model
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -73,7 +75,7 @@ def _store(tmp_path: Path, family: str, *, tied: bool = True, steps: tuple[int, 
                     parameter.normal_()
     else:
         model = LlamaForCausalLM(LlamaConfig(**shape))
-    model.to(torch.bfloat16).save_pretrained(base)
+    model.to(torch.bfloat16).save_pretrained(base, **({"max_shard_size": shard} if shard else {}))
     GenerationConfig(eos_token_id=[2], bos_token_id=0).save_pretrained(base)
     store = ModelStore("p", "agent", root=tmp_path / "root")
     for step in steps:
@@ -171,6 +173,15 @@ def test_qwen2_tokenizer_is_named_qwen2_and_its_output_kept_when_untied(tmp_path
     assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
     names = {t.name for t in reader.tensors}
     assert {"output.weight", "blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias"} <= names
+
+
+def test_a_sharded_base_model_exports_every_weight(tmp_path: Path) -> None:
+    store = _store(tmp_path, "llama", shard="40KB")
+    base = Path(json.loads((store.checkpoint_path(3) / CHECKPOINT_STATE).read_text())["base_model"])
+    assert len(list(base.glob("*.safetensors"))) > 2  # the tiny model in several shards
+    export = export_step(store, tmp_path / "out", format="gguf", gguf_type="f32")
+    check = check_export(export, PROMPTS, max_new_tokens=8)
+    assert check.greedy_equal == check.prompts and check.max_logit_diff <= BF16
 
 
 def test_export_takes_the_step_asked_for_else_the_latest(tmp_path: Path) -> None:
