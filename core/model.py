@@ -273,6 +273,7 @@ class TrainableModel(Model):
 
 
 def who() -> str:
+    """``user@host``: who moved a model's plain name, for promotions.jsonl."""
     import getpass
     import socket
 
