@@ -242,6 +242,9 @@ class LocalBackend:
                     await router.deploy(model.name, self._adapter(model, promoted), promoted)
                     if not router.merged:  # merged weights hold one version: the promoted one
                         await router.deploy(model.name, trainer.adapter_path(), trainer.step, promote=False)
+                if (canary := model.store.running_canary()) is not None and not router.merged:
+                    step, share = canary
+                    await router.set_canary(model.name, step, trainer.adapter_path(step), share)
         if not self.inference:
             assert self.push_to is not None  # rollouts go to the first inference machine's gateway
             return Registration(f"{self.push_to.urls[0]}/v1", self.push_to.token or "-", trainer.step)

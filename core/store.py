@@ -324,6 +324,15 @@ class ModelStore:
         moves = [row for row in self.read_promotions() if row.get("action") in ("promote", "rollback")]
         return int(moves[-1]["step"]) if moves else None
 
+    def running_canary(self) -> tuple[int, float] | None:
+        """(step, share) of a canary still running: started after the last promotion, rollback or
+        hold, and not ended (share 0); None when there is none."""
+        canary = None
+        for row in self.read_promotions():
+            share = float(row.get("share") or 0)
+            canary = (int(row["step"]), share) if row.get("action") == "canary" and share > 0 else None
+        return canary
+
     # Checkpoints -----------------------------------------------------------------------------
 
     def checkpoint_steps(self) -> list[int]:
@@ -351,12 +360,14 @@ class ModelStore:
     def prune_checkpoints(
         self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True
     ) -> list[int]:
-        """Delete every checkpoint but the latest, the promoted one and the best by ``best_metric``;
-        return the deleted steps."""
+        """Delete every checkpoint but the latest, the promoted one, a running canary's and the best
+        by ``best_metric``; return the deleted steps."""
         steps = self.checkpoint_steps()
         keep = {steps[-1]} if steps else set()
         if (promoted := self.promoted_step()) is not None:
             keep.add(promoted)
+        if (canary := self.running_canary()) is not None:
+            keep.add(canary[0])
         if (
             best_metric is not None
             and (best := self.best_step(best_metric, higher_is_better=higher_is_better)) is not None

@@ -16,7 +16,17 @@ from journeyman.config import LossType
 from journeyman.errors import JourneymanError
 
 from ..models import EMBEDDED_MODELS, prepare_model, prepared_folder
-from .cli_runs import Root, checkpoints_app, export, judge_app, plot, promote, rollback, trajectories_app
+from .cli_runs import (
+    Root,
+    canary,
+    checkpoints_app,
+    export,
+    judge_app,
+    plot,
+    promote,
+    rollback,
+    trajectories_app,
+)
 from .replay_cli import replay
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
@@ -29,6 +39,7 @@ app.command("plot")(plot)
 app.command("export")(export)
 app.command("promote")(promote)
 app.command("rollback")(rollback)
+app.command("canary")(canary)
 app.command("replay")(replay)
 
 

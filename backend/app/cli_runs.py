@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, cast, get_args
+from typing import Annotated, Any, cast, get_args
 
 import typer
 from rich.console import Console
@@ -303,13 +303,28 @@ def rollback(
     typer.echo(_move(project, model, -1 if step is None else step, "rollback", url, token, root))
 
 
+def canary(
+    project: str,
+    model: str,
+    step: int,
+    share: Annotated[
+        float, typer.Option(help="Share of rollouts (0-1) the step answers; 0 ends the canary.")
+    ],
+    url: Annotated[str, typer.Option(envvar="JOURNEYMAN_URL", help="The running `journeyman serve`.")],
+    token: Token = None,
+) -> None:
+    """Send a share of a model's rollouts (each whole, by rollout id) to STEP on a running server."""
+    typer.echo(_move(project, model, step, "canary", url, token, None, share=share))
+
+
 def _move(
-    project: str, model: str, step: int, action: str, url: str | None, token: str | None, root: Path | None
-) -> str:
+    project: str, model: str, step: int, action: str, url: str | None, token: str | None, root: Path | None,
+    share: float | None = None,
+) -> str:  # fmt: skip
     from journeyman.backend.local import previous_promotion
     from journeyman.model import who
 
-    body = {"step": step, "action": action, "by": who(), "gate": None}
+    body: dict[str, Any] = {"step": step, "action": action, "by": who(), "gate": None, "share": share}
     if url is not None:
         import httpx
 
@@ -322,6 +337,8 @@ def _move(
         )
         if response.status_code != 200:
             raise JourneymanError(f"{url} answered {response.status_code}: {response.text[:500]}")
+        if action == "canary":
+            return f"{share:.0%} of {model}'s rollouts go to step {step} ({url})"
         return f"{model} now answers as step {response.json()['step']} ({url})"
     store = ModelStore(project, model, root=root)
     steps = store.checkpoint_steps()
@@ -331,7 +348,9 @@ def _move(
         step = previous_promotion(store.read_promotions(), -1 if current is None else current)
     if step not in steps:
         raise JourneymanError(f"{store.path} has no checkpoint of step {step}; it has steps {steps}")
-    store.append_promotion({**body, "step": step, "from_step": current})
+    store.append_promotion(
+        {k: v for k, v in {**body, "step": step, "from_step": current}.items() if v is not None}
+    )
     return (
         f"recorded: {model} answers as step {step} from its next registration (no --url: no server was told)"
     )

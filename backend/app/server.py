@@ -267,9 +267,11 @@ class _Api:
             )
         if not isinstance(by, str) or not (gate is None or isinstance(gate, dict)):
             raise InvalidDataError("'by' must be a string and 'gate' an object or null")
-        return JSONResponse(
-            {"step": await self.backend.promote(model, step, action=action, by=by, gate=gate)}
-        )
+        share = body.get("share")
+        if not (share is None or (isinstance(share, int | float) and not isinstance(share, bool))):
+            raise InvalidDataError("'share' must be a number between 0 and 1, or null")
+        moved = await self.backend.promote(model, step, action=action, by=by, gate=gate, share=share)
+        return JSONResponse({"step": moved})
 
     async def checkpoints(self, request: Request) -> Response:
         model = self.lookup(request)

@@ -99,10 +99,11 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         finished = await running
         assert backend.records.get(finished.id).served_model == "gated@1"  # type: ignore[union-attr]
         assert backend.router.resolve("gated") == ("base", 0)
+        await model.canary(step2.step, 0.5)  # left running: a restart takes it up again
 
     moves = [(row["action"], row["step"], row["by"]) for row in model.store.read_promotions()]
     assert moves[:3] == [("promote", 0, "train"), ("promote", 1, "gate"), ("hold", 2, "gate")]
-    assert [(m[0], m[1]) for m in moves[3:]] == [("canary", 2), ("canary", 2), ("rollback", 0)]
+    assert [(m[0], m[1]) for m in moves[3:]] == [("canary", 2), ("canary", 2), ("rollback", 0), ("canary", 2)]
     assert [row.get("share") for row in model.store.read_promotions()[3:5]] == [0.3, 0]
     assert model.store.read_promotions()[2]["gate"]["candidate"] == worse.candidate
 
@@ -112,6 +113,7 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         await resumed.register(again)
         assert await resumed.get_step() == 2 and await resumed.promoted_step() == 0
         assert again.router.resolve("gated") == ("base", 0)  # type: ignore[union-attr]
+        assert again.router.canaries == {"gated": ("gated@2", 2, 0.5)}  # type: ignore[union-attr]
         reply = await resumed.openai_client().chat.completions.create(
             model="gated@2", messages=QUESTION, max_tokens=2
         )

@@ -103,6 +103,14 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
         )
         assert promoted.exit_code == 0, promoted.output
         assert await model.promoted_step() == 2 and await served_as("remote") == "remote@2"
+        canary = ["canary", "test", "remote", "1", "--url", serve, "--token", TOKEN, "--share"]
+        started = CliRunner().invoke(app, [*canary, "1"])
+        assert started.exit_code == 0 and "100% of remote's rollouts go to step 1" in started.output
+        body = {"model": "remote", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        reply = (await records.post("/r/canary-1/v1/chat/completions", json=body)).json()
+        record = CompletionRecord.model_validate_json((await records.get(f"/records/{reply['id']}")).text)
+        assert record.served_model == "remote@1"  # a rollout in the canary's share (all of them)
+        assert CliRunner().invoke(app, [*canary, "0"]).exit_code == 0
         assert await model.list_checkpoints() == [0, 1, 2]
         assert await model.delete_checkpoints(best_metric=None) == [0, 1]
         assert await model.list_checkpoints() == [2]

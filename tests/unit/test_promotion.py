@@ -159,7 +159,16 @@ def test_the_store_records_moves_and_keeps_the_promoted_checkpoint(tmp_path: Pat
     with pytest.raises(InvalidDataError, match="needs an action"):
         store.append_promotion({"action": "demote", "step": 1})
     store.append_promotion({"action": "promote", "step": 1, "by": "me"})
-    assert store.prune_checkpoints(None) == [0, 2]  # the latest (3) and the promoted (1) stay
+    assert store.running_canary() is None
+    store.append_promotion({"action": "canary", "step": 2, "share": 0.25, "by": "me"})
+    assert store.running_canary() == (2, 0.25)
+    assert store.prune_checkpoints(None) == [0]  # the latest (3), the promoted (1), the canary's (2) stay
+    store.append_promotion({"action": "canary", "step": 2, "share": 0, "by": "me"})  # ended
+    assert store.running_canary() is None
+    store.append_promotion({"action": "canary", "step": 2, "share": 0.5, "by": "me"})
+    store.append_promotion({"action": "hold", "step": 2, "by": "gate"})  # a decision ends it too
+    assert store.running_canary() is None
+    assert store.prune_checkpoints(None) == [2]
     assert store.checkpoint_steps() == [1, 3]
 
 
