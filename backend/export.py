@@ -237,7 +237,8 @@ def _write_gguf(hf: Path, path: Path, gguf_type: GGUFType, *, title: str, alias:
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[gguf_type]  # fmt: skip
     writer.add_file_type(int(file_type))
     template = (hf / "chat_template.jinja").read_text() if (hf / "chat_template.jinja").is_file() else None
-    _add_tokenizer(writer, hf, int(config["vocab_size"]), template, alias)
+    tokenizer = json.loads((hf / "tokenizer.json").read_text())
+    _add_tokenizer(writer, hf, tokenizer, int(config["vocab_size"]), template, alias)
 
     names = gguf.get_tensor_name_map(arch, layers)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
@@ -272,7 +273,6 @@ def _write_gguf(hf: Path, path: Path, gguf_type: GGUFType, *, title: str, alias:
         else {}
     )
     stops = generation.get("eos_token_id") or config.get("eos_token_id") or []
-    tokenizer = json.loads((hf / "tokenizer.json").read_text())
     by_id = {t["id"]: t["content"] for t in tokenizer.get("added_tokens", [])}
     stop_texts = [by_id[i] for i in (stops if isinstance(stops, list) else [stops]) if i in by_id]
     (path.parent / "Modelfile").write_text(_modelfile(path.name, stop_texts, template))
@@ -289,11 +289,12 @@ def _permute(weights: Any, heads: int) -> Any:
     )
 
 
-def _add_tokenizer(writer: Any, hf: Path, vocab_size: int, template: str | None, alias: str | None) -> None:
+def _add_tokenizer(
+    writer: Any, hf: Path, tokenizer: dict[str, Any], vocab_size: int, template: str | None, alias: str | None
+) -> None:
     """A byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2`` model."""
     import gguf
 
-    tokenizer = json.loads((hf / "tokenizer.json").read_text())
     model = tokenizer["model"]
     if model.get("type") != "BPE" or (tokenizer.get("decoder") or {}).get("type") != "ByteLevel":
         raise ExportError(
@@ -424,7 +425,7 @@ def check_export(export: ModelExport, prompts: Sequence[str], *, max_new_tokens:
     manifest = json.loads((export.path / MANIFEST).read_text())
     base, adapter = Path(export.base_model), Path(manifest["checkpoint"]) / "adapter"
     tokenizer = AutoTokenizer.from_pretrained(base)
-    encoded = prompt_ids(base, prompts)
+    encoded = prompt_ids(base, prompts, tokenizer)
 
     def load(which: str) -> Any:
         model: Any
@@ -468,11 +469,12 @@ def check_export(export: ModelExport, prompts: Sequence[str], *, max_new_tokens:
     return ExportCheck(len(prompts), sum(a == b for a, b in pairs), diff, pairs, continuations, lossy)
 
 
-def prompt_ids(base: Path, prompts: Sequence[str]) -> list[list[int]]:
-    """Each prompt as one user turn, rendered with the chat template ``base`` is served with."""
+def prompt_ids(base: Path, prompts: Sequence[str], tokenizer: Any = None) -> list[list[int]]:
+    """Each prompt as one user turn, rendered with the chat template ``base`` is served with
+    (``tokenizer``: base's, when the caller has it loaded already)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(base)
     template_file = serving_defaults(base).chat_template
     template = template_file.read_text() if template_file is not None else None
     rendered: list[Any] = [

@@ -25,7 +25,7 @@ from journeyman.config import TrainConfig
 from journeyman.errors import ConfigError, ModelPreparationError
 from journeyman.judge import Judge
 from journeyman.model import Registration, TrainableModel, TrainResult
-from journeyman.store import check_writable, default_root
+from journeyman.store import ModelStore, check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
 from .models import EMBEDDED_MODELS, resolve_base_model
@@ -356,15 +356,7 @@ class LocalBackend:
         a canary)."""
         trainer = self._trainer(model)
         store = model.store
-        current = store.promoted_step()
-        current = trainer.step if current is None else current
-        if action == "rollback" and step == -1:
-            step = previous_promotion(store.read_promotions(), current)
-        steps = store.checkpoint_steps()
-        if step not in steps:
-            raise ConfigError(
-                f"{model.name} has no checkpoint of step {step} to {action}; it has steps {steps}"
-            )
+        step, current = move_target(store, step, action, latest=trainer.step)
         if self.router is None:
             raise ConfigError(f"{action} needs this backend to serve the model (inference=True)")
         adapter = self._adapter(model, step)
@@ -445,6 +437,20 @@ def _in_hub_cache(name: str) -> bool:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # not a valid repo id: not cached
         return False
+
+
+def move_target(store: ModelStore, step: int, action: str, *, latest: int | None) -> tuple[int, int | None]:
+    """(the checkpointed step ``action`` moves to, the step the plain name serves now): a rollback
+    with step -1 goes to the step promoted before; with no promotion recorded the name serves
+    ``latest``. An error when the step has no checkpoint."""
+    current = store.promoted_step()
+    current = latest if current is None else current
+    if action == "rollback" and step == -1:
+        step = previous_promotion(store.read_promotions(), -1 if current is None else current)
+    steps = store.checkpoint_steps()
+    if step not in steps:
+        raise ConfigError(f"{store.path} has no checkpoint of step {step} to {action}; it has steps {steps}")
+    return step, current
 
 
 def previous_promotion(rows: list[dict[str, Any]], current: int) -> int:

@@ -279,15 +279,7 @@ class ModelStore:
         return row
 
     def read_history(self) -> list[dict[str, Any]]:
-        rows = []
-        for number, line in enumerate(_read_lines(self.history_path), start=1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise InvalidDataError(
-                    f"{self.history_path}, line {number}: not JSON ({error.msg})"
-                ) from None
-        return rows
+        return _read_rows(self.history_path)
 
     # Promotions ------------------------------------------------------------------------------
 
@@ -308,15 +300,7 @@ class ModelStore:
         return row
 
     def read_promotions(self) -> list[dict[str, Any]]:
-        rows = []
-        for number, line in enumerate(_read_lines(self.promotions_path), start=1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise InvalidDataError(
-                    f"{self.promotions_path}, line {number}: not JSON ({error.msg})"
-                ) from None
-        return rows
+        return _read_rows(self.promotions_path)
 
     def promoted_step(self) -> int | None:
         """The step the plain name serves: the last promotion or rollback recorded; None when none
@@ -407,3 +391,14 @@ def _read_text(path: Path) -> str:
 def _read_lines(path: Path) -> list[str]:
     # Split on "\n" only: splitlines() also splits on U+0085, U+2028, ..., which JSON leaves unescaped.
     return [line for line in _read_text(path).split("\n") if line.strip()]
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON rows of a JSONL file; an error names the line that is not JSON."""
+    rows = []
+    for number, line in enumerate(_read_lines(path), start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise InvalidDataError(f"{path}, line {number}: not JSON ({error.msg})") from None
+    return rows

@@ -321,7 +321,7 @@ def _move(
     project: str, model: str, step: int, action: str, url: str | None, token: str | None, root: Path | None,
     share: float | None = None,
 ) -> str:  # fmt: skip
-    from journeyman.backend.local import previous_promotion
+    from journeyman.backend.local import move_target
     from journeyman.model import who
 
     body: dict[str, Any] = {"step": step, "action": action, "by": who(), "gate": None, "share": share}
@@ -342,12 +342,7 @@ def _move(
         return f"{model} now answers as step {response.json()['step']} ({url})"
     store = ModelStore(project, model, root=root)
     steps = store.checkpoint_steps()
-    current = store.promoted_step()
-    current = steps[-1] if current is None and steps else current
-    if step == -1:
-        step = previous_promotion(store.read_promotions(), -1 if current is None else current)
-    if step not in steps:
-        raise JourneymanError(f"{store.path} has no checkpoint of step {step}; it has steps {steps}")
+    step, current = move_target(store, step, action, latest=steps[-1] if steps else None)
     store.append_promotion(
         {k: v for k, v in {**body, "step": step, "from_step": current}.items() if v is not None}
     )
