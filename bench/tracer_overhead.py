@@ -1,4 +1,4 @@
-"""TrajectoryTracer overhead: the same LangGraph runs with and without the callback.
+"""Tracer overhead: the same agent runs with and without journeyman's tracer.
 
 Two set-ups, each alternating traced and untraced runs so both see the same machine state:
 
@@ -9,12 +9,18 @@ Two set-ups, each alternating traced and untraced runs so both see the same mach
    given, the gateway found in process by its URL, and over HTTP from a gateway the tracer
    cannot find in process).
 
+3. the same question to an OpenAI Agents SDK agent (Chat Completions and Responses models) and
+   a PydanticAI agent through the real gateway, with and without ``AgentsTracer`` /
+   ``PydanticAITracer`` (records read in process, as under LocalBackend).
+
 Target: <= 1 ms per LLM call and <= 2% of run time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -22,17 +28,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_trace_processors,
+)
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
+from openai import AsyncOpenAI
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 from bench.common import machine, table
 from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.serving.router import Router
 from journeyman.integrations.langgraph import TrajectoryTracer
+from journeyman.integrations.openai_agents import AgentsTracer
+from journeyman.integrations.pydantic_ai import PydanticAITracer
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
 
@@ -82,6 +103,45 @@ def alternate(
     return plain, traced
 
 
+def agent_runs(url: str) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Per framework: a run of the calculator question (two LLM calls), and its tracer."""
+    loop = asyncio.new_event_loop()
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+    sdk_add = function_tool(add.func)  # type: ignore[arg-type]
+    question = "What is 2 plus 3?"
+
+    def sdk(model: Any) -> Callable[[], Any]:
+        agent = Agent(name="calc", tools=[sdk_add], model=model, model_settings=ModelSettings(max_tokens=16))
+        return lambda: loop.run_until_complete(Runner.run(agent, question))
+
+    provider = OpenAIProvider(base_url=f"{url}/v1", api_key="-")
+    pydantic = PydanticAgent(OpenAIChatModel("m", provider=provider), tools=[add.func])  # type: ignore[list-item]
+    return {
+        "OpenAI Agents SDK, Chat Completions model": (
+            sdk(OpenAIChatCompletionsModel("m", client)),
+            lambda: AgentsTracer(f"{url}/v1"),
+        ),
+        "OpenAI Agents SDK, Responses model": (
+            sdk(OpenAIResponsesModel("m", client)),
+            lambda: AgentsTracer(f"{url}/v1"),
+        ),
+        "PydanticAI, Chat Completions model": (
+            lambda: loop.run_until_complete(pydantic.run(question)),
+            PydanticAITracer,
+        ),
+    }
+
+
+def traced_by(run: Callable[[], Any]) -> Callable[[list[Any]], None]:
+    """``run`` in the shape :func:`alternate` takes: inside the tracer's block when one is given."""
+
+    def once(tracers: list[Any]) -> None:
+        with tracers[0] if tracers else contextlib.nullcontext():
+            run()
+
+    return once
+
+
 def runner(agent: Any, inputs: Any) -> Callable[[list[Any]], None]:
     return lambda callbacks: agent.invoke(inputs, config={"callbacks": callbacks})
 
@@ -124,6 +184,10 @@ def measure(runs: int, calls: int) -> str:
             rows.append(
                 row("ReAct agent via the gateway, found in process by URL (2 LLM calls)", plain, traced, 2)
             )
+            set_trace_processors([])  # the Agents SDK's exporter to OpenAI off, in both arms
+            for name, (run, tracer) in agent_runs(gateway.base_url).items():
+                plain, traced = alternate(traced_by(run), tracer, runs)
+                rows.append(row(f"{name} via the gateway (2 LLM calls)", plain, traced, 2))
         # The same gateway served as a plain ASGI app: not registered, so read as one in another
         # process would be (one GET /records?completion_id=... per run), yet sharing this process.
         http_log = RecordLog(Path(tmp) / "http.jsonl")
@@ -137,8 +201,8 @@ def measure(runs: int, calls: int) -> str:
         http_log.close()
     upstream.stop()
     return (
-        f"### TrajectoryTracer overhead (median of {runs} alternating runs; {machine()})\n\n"
-        + table(["graph", "untraced ms", "traced ms", "added ms per LLM call", "added share"], rows)
+        f"### Tracer overhead (median of {runs} alternating runs; {machine()})\n\n"
+        + table(["agent", "untraced ms", "traced ms", "added ms per LLM call", "added share"], rows)
         + "\n"
     )
 

