@@ -190,6 +190,8 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]] | None = No
         kept = [m for m in history if m.get("role") != "system"] if body.get("instructions") else history
         system = messages[:1] if body.get("instructions") else []
         messages = [*system, *kept, *messages[len(system) :]]
+    if not any(m["role"] != "system" for m in messages):
+        raise InvalidDataError("the request has no input: give 'input', a string or a list of items")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages}
     for key, chat_key in _CHAT_SAMPLING.items():
         if body.get(key) is not None:

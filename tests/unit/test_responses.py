@@ -144,6 +144,18 @@ def test_a_response_is_run_as_chat_and_recorded_token_exact(
         _client(gateway).responses.create(model="base", previous_response_id="resp_nope", input="hi")
     with pytest.raises(openai.BadRequestError, match="function tools only"):
         _client(gateway).responses.create(model="base", input="hi", tools=[{"type": "web_search"}])
+    with pytest.raises(openai.BadRequestError, match="no input"):
+        _client(gateway).responses.create(model="base", instructions="Be brief.", input=[])
+
+
+def test_a_response_carries_its_rollout_id(
+    upstream: tuple[ScriptedUpstream, str], gateway: GatewayThread
+) -> None:
+    script, _ = upstream
+    script.replies.append(Reply(body=_completion({"content": "hi"})))
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/r/run-1/v1", api_key="none", max_retries=0)
+    response = client.responses.create(model="base", input="hi")
+    assert [r.completion_id for r in gateway.gateway.records.for_rollout("run-1")] == [response.id]
 
 
 def _chunk(delta: dict[str, Any], ids: list[int], finish: str | None = None, **top: Any) -> dict[str, Any]:
