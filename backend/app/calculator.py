@@ -233,6 +233,7 @@ def score(trajectory: jm.Trajectory, scenario: Scenario, shaping: float = 0.0) -
         turns=float(len(trajectory.model_turns)),
     )
     trajectory.metadata.update(
+        question=scenario.question,
         kind=scenario.kind,
         op=scenario.op,
         answer=scenario.answer,

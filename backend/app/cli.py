@@ -302,9 +302,22 @@ def demo(
         ),
     ] = None,
     root: Root = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Go on with an interrupted run: its folder (ROOT/demo/NAME, printed at the start). It continues "
+            "at the step after its latest checkpoint with the run's own settings (the other options are ignored).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Teach the embedded model a LangGraph calculator task on this machine, before/after evaluation included."""
-    from .demo import DemoConfig, run_demo
+    from .demo import DemoConfig, resume_config, run_demo
+
+    if resume is not None:
+        run_demo(resume_config(resume), resume=True)
+        return
 
     if worked_examples is not None and worked_share is not None:
         raise typer.BadParameter("give --worked-examples/--no-worked-examples or --worked-share, not both")

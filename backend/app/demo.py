@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import journeyman as jm
-from journeyman.errors import JourneymanError, MissingDependencyError
+from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError
+from journeyman.store import atomic_write
 
 try:
     import httpx
@@ -60,14 +61,42 @@ from .ui.app import start_viewer
 if TYPE_CHECKING:
     from ..local import LocalBackend
 
-__all__ = ["DEFAULT_JUDGE_MODEL", "Demo", "DemoConfig", "run_demo"]
+__all__ = ["DEFAULT_JUDGE_MODEL", "Demo", "DemoConfig", "resume_config", "run_demo"]
+
+CONFIG_FILE = "demo_config.json"
+"""The run's settings, written when it starts: what ``journeyman demo --resume`` runs again."""
+BEFORE_FILE = "demo_before.json"
+"""The held-out evaluation before training, kept so a resumed run reports against it."""
+
+
+def resume_config(run_dir: Path) -> DemoConfig:
+    """The settings of the run in ``run_dir`` (``ROOT/PROJECT/NAME``, the folder the demo printed)."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{run_dir} holds no {CONFIG_FILE}: give the folder `journeyman demo` printed after '->' "
+            "(ROOT/demo/NAME), of a run this version started"
+        )
+    saved = json.loads(path.read_text())
+    run_dir = Path(run_dir).resolve()
+    saved.update(root=run_dir.parents[1], project=run_dir.parent.name, name=run_dir.name)
+    return DemoConfig(**saved)
 
 
 class Demo:
-    """The demo's state: backend, model, agents. ``await Demo(config).run()``."""
+    """The demo's state: backend, model, agents. ``await Demo(config).run()``.
 
-    def __init__(self, config: DemoConfig) -> None:
+    ``resume``: go on with the run of ``config.name``: training continues at the step after its
+    latest checkpoint (the same questions in the same order, the same held-out set, its adapter
+    and optimizer state), its time limit counts the minutes already trained, and the report sets
+    the evaluation from before the first part against the one after this part.
+    """
+
+    def __init__(self, config: DemoConfig, *, resume: bool = False) -> None:
+        if resume and config.name is None:
+            raise ConfigError("a resumed demo needs the run's name (journeyman demo --resume RUN_DIR)")
         self.config = config
+        self.resume = resume
         self.calibrated = True
         """False until the judge was calibrated on the first step's groups (when there is a judge)."""
         self.name = config.name or datetime.now().strftime("calc-%Y%m%d-%H%M%S")
@@ -261,10 +290,14 @@ class Demo:
         self.console = Console()
         started = time.monotonic()
         model, train_config = self._model()
+        verb = "resuming" if self.resume else "teaching"
         self.console.print(
-            f"[bold]journeyman demo[/bold]: teaching {c.base_model} a LangGraph calculator task "
+            f"[bold]journeyman demo[/bold]: {verb} {c.base_model} on a LangGraph calculator task "
             f"({prompt_line(self.worked_share)}) -> {model.store.path}"
         )
+        if not self.resume:
+            saved = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()}
+            atomic_write(model.store.path / CONFIG_FILE, json.dumps({**saved, "name": self.name}, indent=2))
         if c.langfuse:  # fail now, not with a warning per export after vLLM started
             from journeyman.integrations.langfuse import LangfuseExporter
 
@@ -284,18 +317,45 @@ class Demo:
                 self.records = backend.records
                 judge, after_each = await self._judging(model, backend)
                 self.console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")
-                before = await self.evaluate(model, "before")
+                before = self._saved_before(model)
+                if before is None:
+                    before = await self.evaluate(model, "before")
+                    atomic_write(model.store.path / BEFORE_FILE, json.dumps(asdict(before)))
                 self.console.print(f"before: {evaluation_line(before)}")
-                train_minutes = await self._train(model, train_config, judge, after_each)
+                trained = self._trained_minutes(model)
+                if self.resume:
+                    step = await model.get_step()
+                    self.console.print(f"resuming at step {step + 1} after {trained:.1f} min of training")
+                train_minutes = await self._train(model, train_config, judge, after_each, trained)
                 after = await self.evaluate(model, "after")
         return self._report(model, before, after, train_minutes, started)
 
+    def _saved_before(self, model: jm.TrainableModel) -> Evaluation | None:
+        """The first part's evaluation before training, when resuming a run that got that far."""
+        path = model.store.path / BEFORE_FILE
+        if not self.resume or not path.is_file():
+            return None
+        return Evaluation(**json.loads(path.read_text()))
+
+    def _trained_minutes(self, model: jm.TrainableModel) -> float:
+        """Minutes the run trained before this part (its completed steps; 0 for a new run)."""
+        if not self.resume:
+            return 0.0
+        rows = [r for r in model.store.read_history() if r.get("split") == "rollouts"]
+        return max((float(r.get("elapsed_s", 0.0)) for r in rows), default=0.0) / 60
+
     async def _train(
-        self, model: jm.TrainableModel, train_config: jm.TrainConfig, judge: jm.Judge | None, after_each: Any
+        self,
+        model: jm.TrainableModel,
+        train_config: jm.TrainConfig,
+        judge: jm.Judge | None,
+        after_each: Any,
+        trained: float = 0.0,
     ) -> float:
-        """Train until ``steps`` or ``max_train_minutes``; the minutes it took."""
+        """Train until ``steps`` or ``max_train_minutes``, counting the ``trained`` minutes of an
+        earlier part; the minutes of training in all."""
         c = self.config
-        started = time.monotonic()
+        started = time.monotonic() - trained * 60
         llm = self._llm(model, c.temperature)
         agents = {shots: build_agent(llm, worked_examples=shots) for shots in (True, False)}
         # In the generated order (add, multiply, add, ...): every step sees both operations. Shuffled
@@ -391,7 +451,18 @@ class Demo:
         return report
 
 
-def run_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the demo to the end; returns its report (also written to ``demo_report.json``)."""
+def run_demo(config: DemoConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Run the demo to the end; returns its report (also written to ``demo_report.json``). On
+    Ctrl-C, says how to go on with the run (``journeyman demo --resume RUN_DIR``) and exits 130."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the progress bars
-    return asyncio.run(Demo(config).run())
+    demo = Demo(config, resume=resume)
+    try:
+        return asyncio.run(demo.run())
+    except KeyboardInterrupt:
+        from rich.console import Console
+
+        run_dir = jm.ModelStore(config.project, demo.name, root=config.root).path
+        Console(stderr=True).print(
+            f"\ninterrupted; the completed steps are kept. Go on with: journeyman demo --resume {run_dir}"
+        )
+        raise SystemExit(130) from None

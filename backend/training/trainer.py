@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -146,7 +148,36 @@ class Trainer:
             self.step = latest[0]
             self._load_optimizer(latest[1])
             logger.info("resumed from %s", latest[1])
+            self._mend_interrupted_step(latest[1])
         return self.step
+
+    def _mend_interrupted_step(self, checkpoint: Path) -> None:
+        """Mend what a process that died between a step's parts left: the groups it stored for a
+        step it never finished (never trained on) go to the split ``interrupted``, so the step's
+        file holds only what it trains on; a checkpoint written without its history row (killed
+        before the deploy ended) gets the row, from the metrics the checkpoint keeps."""
+        store = self.store
+        unfinished = store.trajectories_path("train", self.step)
+        if unfinished.exists():
+            kept = store.trajectories_path("interrupted", self.step)
+            if kept.exists():  # an earlier move died halfway: add to it
+                store.save_groups(store.load_groups("train", self.step), "interrupted", self.step)
+                unfinished.unlink()
+            else:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(unfinished, kept)
+            logger.warning(
+                "step %d was interrupted before it trained: its stored groups are kept in %s", self.step, kept
+            )
+        trained = {row.get("step") for row in store.read_history() if row.get("split") == "train"}
+        if self.step > 0 and self.step not in trained:
+            state = json.loads((checkpoint / STATE).read_text())
+            store.append_history(
+                {"step": self.step, "split": "train", **state.get("metrics", {}), "recovered": 1}
+            )
+            logger.warning(
+                "step %d's history row was lost with its process: written from its checkpoint", self.step
+            )
 
     def adapter_path(self, step: int | None = None) -> Path:
         return self.store.checkpoint_path(self.step if step is None else step) / ADAPTER

@@ -29,8 +29,9 @@ CONFIG = TrainConfig(loss="dapo", learning_rate=5e-4)
 
 # The child trains step 1, then is held at one moment of step 2 until it is killed: mid-forward,
 # mid-backward (torch's module hooks), just after the optimizer changed the weights in memory
-# (torch's optimizer hook), or with the checkpoint fully written under its temporary name just
-# before the rename (the store's own atomic folder, held open): the worst moments to die.
+# (torch's optimizer hook), with the checkpoint fully written under its temporary name just
+# before the rename (the store's own atomic folder, held open), or with the checkpoint in place
+# and its history row not yet written: the worst moments to die.
 CHILD = textwrap.dedent(
     """
     import asyncio, contextlib, sys, time
@@ -61,6 +62,8 @@ CHILD = textwrap.dedent(
         layer.register_full_backward_hook(lambda *args: hold("backward"))
     elif moment == "optimizer":
         register_optimizer_step_post_hook(lambda *args: hold("optimizer"))
+    elif moment == "history":
+        trainer.store.append_history = lambda row: hold("history")
     else:
         atomic_dir = store_module.atomic_dir
 
@@ -103,7 +106,7 @@ def straight_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _lora(straight)
 
 
-@pytest.mark.parametrize("moment", ["forward", "backward", "optimizer", "checkpoint"])
+@pytest.mark.parametrize("moment", ["forward", "backward", "optimizer", "checkpoint", "history"])
 async def test_trainer_killed_mid_step_resumes_the_exact_step(
     moment: str, tmp_path: Path, straight_run: dict[str, Any]
 ) -> None:
@@ -128,6 +131,18 @@ async def test_trainer_killed_mid_step_resumes_the_exact_step(
             child.wait()
 
     store = jm.ModelStore("test", "agent", root=root)
+    if moment == "history":  # the step completed; only its history row was lost
+        assert marker.read_text() == "history" and store.checkpoint_steps() == [0, 1, 2]
+        assert [r["step"] for r in store.read_history()] == [1]
+        resumed = _trainer(root)
+        assert resumed.step == 2
+        rows = store.read_history()
+        assert [r["step"] for r in rows] == [1, 2] and rows[-1]["recovered"] == 1
+        assert "train/loss" in rows[-1]  # the step's own metrics, kept in its checkpoint
+        assert store.steps("train") == [0, 1] and "interrupted" not in store.splits()
+        resumed_lora = _lora(resumed)
+        assert all(torch.allclose(straight_run[n], resumed_lora[n], atol=1e-6, rtol=0) for n in straight_run)
+        return
     if moment == "checkpoint":
         leftover = Path(marker.read_text())
         assert leftover.is_dir() and leftover.name.startswith(".0002.")  # complete, but never renamed
@@ -140,6 +155,8 @@ async def test_trainer_killed_mid_step_resumes_the_exact_step(
     resumed = _trainer(root)
     assert resumed.step == 1
     assert _content(saved) == _content(groups_for(resumed.tokenizer, 1))
+    # never trained on: set aside, so the step's file holds only what the retried step trains on
+    assert store.steps("train") == [0] and store.load_groups("interrupted", 1) == saved
 
     result = await resumed.train(saved, CONFIG)
     assert result.step == 2 and store.checkpoint_steps() == [0, 1, 2]

@@ -89,3 +89,25 @@ def test_serve_fsdp_outside_torchrun_says_how_to_launch(
     result = runner.invoke(app, ["serve", "--fsdp", "--root", str(tmp_path)])
     assert result.exit_code == 2
     assert "torchrun" in result.output
+
+
+def test_demo_resume_needs_a_run_folder_and_takes_its_settings(tmp_path: Path) -> None:
+    from journeyman.backend.app.demo import CONFIG_FILE, DemoConfig, resume_config
+
+    result = runner.invoke(app, ["demo", "--resume", str(tmp_path)])
+    assert isinstance(result.exception, jm.ConfigError) and CONFIG_FILE in str(result.exception)
+    run_dir = tmp_path / "root" / "demo" / "calc-1"
+    run_dir.mkdir(parents=True)
+    saved = {
+        "steps": 7,
+        "group_size": 4,
+        "root": "/elsewhere",
+        "project": "demo",
+        "name": "calc-1",
+        "seed": 3,
+    }
+    (run_dir / CONFIG_FILE).write_text(json.dumps(saved))
+    config = resume_config(run_dir)
+    assert config == DemoConfig(
+        steps=7, group_size=4, seed=3, root=run_dir.parents[1].resolve(), name="calc-1"
+    )
