@@ -337,6 +337,32 @@ def demo(
     run_demo(config)
 
 
+@app.command("check")
+def check(
+    run_dir: Annotated[
+        Path, typer.Argument(help="The run's folder: ROOT/PROJECT/NAME.", exists=True, file_okay=False)
+    ],
+    records: Annotated[
+        Path | None, typer.Option(help="The gateway's records (default: ROOT/gateway/completions.jsonl).")
+    ] = None,
+) -> None:
+    """Check a run's files after an interruption: checkpoints, history, trajectories, records."""
+    from journeyman.run_check import check_run
+
+    result = check_run(run_dir, records)
+    typer.echo(
+        f"{result.run_dir}: latest checkpoint {result.latest_step}, {result.trained_steps} steps in the history, "
+        f"{result.trained_groups} groups trained, {result.records} records, "
+        f"{result.hidden_leftovers} hidden leftovers of killed writes"
+    )
+    if result.unfinished_step is not None:
+        typer.echo(f"step {result.unfinished_step} was stored but not trained (the run stopped during it)")
+    for problem in result.problems:
+        typer.echo(f"problem: {problem}", err=True)
+    typer.echo("every promise holds" if result.ok else f"{len(result.problems)} problem(s)")
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -184,6 +184,8 @@ def test_an_interrupted_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert [_question(g) for g in store.load_groups("val", 0)] == [
         _question(g) for g in store.load_groups("val", 3)
     ]
+    checked = CliRunner().invoke(app, ["check", str(store.path)])  # the invariants, from the files alone
+    assert checked.exit_code == 0 and "every promise holds" in checked.output, checked.output
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> None:
