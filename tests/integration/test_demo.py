@@ -158,8 +158,18 @@ def test_an_interrupted_demo_resumes_where_it_stopped(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         wait_for(lambda: any(r.get("split") == "rollouts" for r in _history(store)), timeout=600)
-        os.killpg(demo.pid, signal.SIGINT)  # the second step's rollouts are running
-        output, _ = demo.communicate(timeout=120)
+        # Ctrl-C as a person presses it: again when the first did not end the run within a minute (a
+        # first SIGINT can be lost, seen once in 3 runs; the cause is not found yet), not sooner: the
+        # shutdown after it (stopping vLLM) takes seconds, and a second SIGINT then kills the exit
+        for _ in range(3):
+            os.killpg(demo.pid, signal.SIGINT)  # the second step's rollouts are running
+            try:
+                output, _ = demo.communicate(timeout=60)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            output, _ = demo.communicate(timeout=120)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
