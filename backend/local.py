@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from journeyman.config import TrainConfig
-from journeyman.errors import ConfigError, ModelPreparationError
+from journeyman.errors import BackendError, ConfigError, ModelPreparationError
 from journeyman.judge import Judge
 from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import ModelStore, check_writable, default_root
@@ -91,6 +92,8 @@ class LocalBackend:
         self.records: RecordLog | None = None
         self.watch_interval = watch_interval
         self.restarts = 0
+        self.restarting = False
+        """True while the watchdog restarts the policy's server and loads its adapters again."""
         """How many times the watchdog restarted a vLLM server that died."""
         self.judge_restarts = 0
         """How many times it restarted a judge's server (:meth:`start_judge`)."""
@@ -173,6 +176,7 @@ class LocalBackend:
                     await self._restart_judge(name, server)
             if self.router is None or self.router.server.exit_code() is None:
                 continue
+            self.restarting = True
             try:
                 await self.router.restart_server()
                 self.restarts += 1
@@ -180,6 +184,22 @@ class LocalBackend:
             except Exception:
                 logger.exception("restarting vLLM failed; trying again in %.0f s", 10 * self.watch_interval)
                 await asyncio.sleep(10 * self.watch_interval)
+            finally:
+                self.restarting = False
+
+    def policy_down(self) -> bool:
+        """Whether the policy's server is dead or being restarted (its requests fail meanwhile)."""
+        return self.router is not None and (self.restarting or self.router.server.exit_code() is not None)
+
+    async def wait_serving(self, timeout: float = 900.0) -> None:
+        """Until the watchdog has the policy's server answering again, with its adapters loaded."""
+        deadline = time.monotonic() + timeout
+        while self.policy_down():
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"the policy's vLLM server was not back within {timeout:.0f} s; see {self.root / 'logs'}"
+                )
+            await asyncio.sleep(0.5)
 
     async def _restart_judge(self, name: str, server: InferenceServer) -> None:
         logger.warning(
@@ -325,9 +345,9 @@ class LocalBackend:
         trainer = self._trainer(model)
         if not promote and self.router is None:
             raise ConfigError("promote=False needs this backend to serve the model (inference=True)")
-        if not promote and model.store.promoted_step() is None:
+        if not promote and model.store.follows_training():
             # Until now the plain name followed every step; write down the one it serves.
-            row = {"action": "promote", "step": trainer.step, "by": "train"}
+            row = {"action": "promote", "step": trainer.step, "by": "train", "pinned": True}
             await asyncio.to_thread(model.store.append_promotion, row)
         self._promote[model.name] = promote
         try:

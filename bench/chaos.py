@@ -1,22 +1,29 @@
-"""A chaos run of the demo: faults injected at random moments drawn from a seed, the run carried
-on through each, its promises checked from its files at the end.
+"""A chaos run of the demo: faults injected at moments drawn from a seed, the run carried on
+through each, its promises checked from its files at the end.
 
-The demo runs as ``journeyman demo`` in a process group of its own. At moments drawn from the seed
-(a random delay into a random step) the harness injects one fault of a kind from the plan:
+The demo runs as ``journeyman demo`` in a process group of its own. Each fault of the plan waits
+for its step, then for its phase of that step, read from the run's files (``rollouts``: a drawn
+delay after the step before it completed; ``train``: the step's groups are stored and its
+checkpoint is not written yet, so the optimizer step or the checkpoint write is running;
+``deploy``: the checkpoint is written and its history row is not, so the merged reload is
+running), and is injected:
 
 - ``vllm``: the policy's vLLM server is killed -9 (LocalBackend's watchdog restarts it; rollouts
   that failed meanwhile are recorded on their groups, or the demo stops and is resumed);
-- ``kill``: the demo process is killed -9: the gateway, the trainer and the rollouts with it,
-  at whatever it was doing (rollouts, the optimizer step, the checkpoint write, the merged
-  reload); the harness runs ``journeyman demo --resume``;
-- ``interrupt``: Ctrl-C (SIGINT to the whole group, vLLM included), then ``--resume``.
+- ``judge``: the judge's vLLM server is killed -9 (needs ``--judge ruler --judge-model ...``);
+- ``kill``: the demo process is killed -9, and the gateway, the trainer and the rollouts with it;
+- ``interrupt``: Ctrl-C (SIGINT to the demo's process group);
+- ``memory``: the demo process's address space is capped (``RLIMIT_AS``) just above what it
+  uses, so the training step's next allocations fail; lifted once the step ended either way.
 
-Whenever the demo exits other than 0 the harness resumes it, until it finishes. At the end
-``journeyman check`` must find every promise kept. Prints a table per fault (kind, step, when,
-seconds until the next step completed) and the held-out success of the report.
+Whenever the demo exits other than 0 the harness runs ``journeyman demo --resume``, until it
+finishes; a demo that completes no step for ``--stall`` seconds is killed and resumed, and counted
+as a stall. At the end ``journeyman check --on-policy`` must find every promise kept. Prints a
+table per fault (kind, phase, step, seconds from the fault to the next completed step, next to a
+step's usual seconds) and the held-out success of the report.
 
-    python -m bench.chaos --faults 10 --seed 0                       # a long run
-    python -m bench.chaos --steps 4 --faults 3 --plan vllm,kill,interrupt   # tests/faults' short one
+    python -m bench.chaos --faults 10 --seed 0 --steps 24        # the long run (bench/results.md)
+    python -m bench.chaos --steps 4 --faults 4                   # like tests/faults' short one
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import contextlib
 import json
 import os
 import random
+import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("vllm", "kill", "interrupt")
+KINDS = ("vllm", "kill", "interrupt", "memory", "judge")
+PHASES = ("rollouts", "train", "deploy")
+FIXED_PHASE = {"memory": "train", "interrupt": "rollouts", "judge": "rollouts"}
+"""Kinds with one phase: the cap must meet the training step; Ctrl-C and the judge's server
+matter while groups are sampled and judged."""
+BEFORE = "demo_before.json"
+"""Written once the held-out evaluation before training is done: the steps begin."""
+MEMORY_MARGIN = 64 * 2**20
+"""Address space left above what the demo uses when the cap is set."""
 
 
 @dataclass
@@ -42,12 +59,15 @@ class Fault:
     kind: str
     step: int
     """Inject once this many steps have completed..."""
+    phase: str
+    """...in this phase of the next step (its first chance when missed)..."""
     delay: float
-    """...and this many seconds have passed after that."""
+    """...this many seconds into it (``rollouts``; a fraction of a second for the others)."""
     injected_at: float | None = None
     recovered_after: float | None = None
     """Seconds from the fault to the next completed step (None: the run ended first)."""
-    missed: str | None = None
+    outcome: str = ""
+    """What followed: the demo carried on, exited (and was resumed), or the run ended first."""
 
 
 @dataclass
@@ -55,31 +75,49 @@ class ChaosRun:
     run_dir: Path
     faults: list[Fault]
     restarts: int = 0
+    stalls: int = 0
     seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    """Seconds of each step that met no fault."""
     report: dict[str, Any] = field(default_factory=dict)
     check_output: str = ""
     check_ok: bool = False
 
 
 def plan(faults: int, steps: int, kinds: list[str], seed: int, max_delay: float) -> list[Fault]:
-    """``faults`` faults, kinds in turn, at steps drawn from the seed (in order, in 0..steps-1)."""
+    """``faults`` faults, kinds in turn, at steps drawn from the seed in 0..steps-1 (in order)."""
     rng = random.Random(seed)
     at = sorted(rng.randrange(steps) for _ in range(faults))
-    return [Fault(kinds[i % len(kinds)], step, rng.uniform(0, max_delay)) for i, step in enumerate(at)]
+    planned = []
+    for i, step in enumerate(at):
+        kind = kinds[i % len(kinds)]
+        phase = FIXED_PHASE.get(kind) or rng.choice(PHASES)
+        planned.append(Fault(kind, step, phase, rng.uniform(0, max_delay if phase == "rollouts" else 0.5)))
+    return planned
 
 
-def _trained(run_dir: Path) -> int:
-    """Completed steps, from the history file (the harness reads files only)."""
-    path = run_dir / "history.jsonl"
-    if not path.exists():
-        return 0
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line being written
-            continue
-    return len({r["step"] for r in rows if r.get("split") == "train"})
+@dataclass
+class Progress:
+    """What the run's files say about where it is."""
+
+    trained: int
+    """Completed steps (their ``train`` history rows)."""
+    phase: str
+
+    @classmethod
+    def read(cls, run_dir: Path) -> Progress:
+        rows = []
+        path = run_dir / "history.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):  # a line being written
+                    rows.append(json.loads(line))
+        trained = len({r["step"] for r in rows if r.get("split") == "train"})
+        if (run_dir / "checkpoints" / f"{trained + 1:04d}").is_dir():
+            return cls(trained, "deploy")
+        if (run_dir / "trajectories" / "train" / f"{trained:04d}.jsonl").exists():
+            return cls(trained, "train")
+        return cls(trained, "rollouts")
 
 
 def _children(pid: int) -> list[int]:
@@ -100,13 +138,18 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _vllm(pid: int) -> int | None:
+def _server(pid: int, judge: bool) -> int | None:
+    """The policy's vLLM server under ``pid`` (served as ``base``), or the judge's (any other name)."""
     for child in _children(pid):
         try:
-            if b"vllm.entrypoints" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
+            args = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if b"vllm.entrypoints.openai.api_server" not in b" ".join(args) or b"--served-model-name" not in args:
+            continue
+        name = args[args.index(b"--served-model-name") + 1]
+        if (name == b"base") != judge:
+            return child
     return None
 
 
@@ -123,109 +166,174 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    with contextlib.suppress(ProcessLookupError):  # what the group left (vLLM outlives a killed demo)
-        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # what the group left (vLLM servers, in sessions
+        os.killpg(process.pid, signal.SIGKILL)  # of their own, end on the SIGTERM a dead parent sends)
 
 
-def run(demo_args: list[str], run_dir: Path, faults: list[Fault], timeout: float) -> ChaosRun:
-    """The demo with ``faults`` injected, resumed until it finishes; then ``journeyman check``."""
-    chaos = ChaosRun(run_dir, faults)
-    log = run_dir.parent / f"{run_dir.name}.chaos.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    demo = _start(demo_args, log)
-    pending = list(faults)
-    step_seen, step_time = 0, time.monotonic()
-    try:
-        while True:
-            assert time.monotonic() - started < timeout, f"the chaos run passed {timeout:.0f} s (log: {log})"
-            trained = _trained(run_dir)
-            now = time.monotonic()
-            if trained > step_seen:
-                step_seen, step_time = trained, now
-                for fault in faults:
-                    if fault.injected_at is not None and fault.recovered_after is None:
-                        fault.recovered_after = now - fault.injected_at
-            code = demo.poll()
-            if code == 0:
-                break
-            if code is not None:  # died, by a fault or of one: go on with the run
-                _stop_group(demo)
-                chaos.restarts += 1
-                demo = _start(["--resume", str(run_dir)], log)
-                step_time = time.monotonic()  # the next fault's delay counts from the restart
-                continue
-            due = pending and trained >= pending[0].step and now - step_time >= pending[0].delay
-            if due and _inject(pending[0], demo):  # else (no vLLM up yet) it is tried again shortly
-                fault = pending.pop(0)
-                fault.injected_at, fault.step, fault.missed = time.monotonic(), trained, None
-            time.sleep(0.2)
-    finally:
-        _stop_group(demo)
-    for fault in pending:
-        fault.missed = "the run ended first"
-    chaos.seconds = time.monotonic() - started
-    report = run_dir / "demo_report.json"
-    chaos.report = json.loads(report.read_text()) if report.exists() else {}
-    check = subprocess.run(
-        [sys.executable, "-m", "journeyman.backend", "check", str(run_dir)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    chaos.check_output, chaos.check_ok = check.stdout + check.stderr, check.returncode == 0
-    return chaos
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _address_space(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmSize for process {pid}")
 
 
 def _inject(fault: Fault, demo: subprocess.Popen[bytes]) -> bool:
-    if fault.kind == "vllm":
-        pid = _vllm(demo.pid)
-        if pid is None:  # not started yet, or between servers: tried again at the next moment
-            fault.missed = "no vLLM server was running"
+    """Inject ``fault`` into the running demo; False when its target is not there yet."""
+    if fault.kind in ("vllm", "judge"):
+        pid = _server(demo.pid, judge=fault.kind == "judge")
+        if pid is None:  # starting, restarting, or no judge server: tried again shortly
             return False
         os.kill(pid, signal.SIGKILL)
     elif fault.kind == "kill":
         os.killpg(demo.pid, signal.SIGKILL)
     elif fault.kind == "interrupt":
         os.killpg(demo.pid, signal.SIGINT)
+    elif fault.kind == "memory":
+        cap = _address_space(demo.pid) + MEMORY_MARGIN
+        resource.prlimit(demo.pid, resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
     else:
         raise ValueError(f"unknown fault kind {fault.kind!r}: {', '.join(KINDS)}")
     return True
 
 
+def _lift(demo: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, OSError):
+        resource.prlimit(demo.pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def run(
+    demo_args: list[str], run_dir: Path, faults: list[Fault], timeout: float, stall: float = 900.0
+) -> ChaosRun:
+    """The demo with ``faults`` injected, resumed until it finishes; then ``journeyman check``."""
+    chaos = ChaosRun(run_dir, faults)
+    log = run_dir.parent / f"{run_dir.name}.chaos.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    records = run_dir.parents[1] / "gateway" / "completions.jsonl"
+    sampled_before = _size(records)
+    demo = _start(demo_args, log)
+    pending = list(faults)
+    seen, step_time, phase_time, phase = 0, time.monotonic(), time.monotonic(), "rollouts"
+    capped: Fault | None = None
+    open_faults: list[Fault] = []
+    try:
+        while True:
+            assert time.monotonic() - started < timeout, f"the chaos run passed {timeout:.0f} s (log: {log})"
+            now, progress = time.monotonic(), Progress.read(run_dir)
+            if progress.trained > seen:
+                if not open_faults and seen > 0:
+                    chaos.step_seconds.append(now - step_time)
+                for fault in open_faults:
+                    fault.recovered_after = now - (fault.injected_at or now)
+                    fault.outcome = fault.outcome or "carried on"
+                open_faults.clear()
+                seen, step_time = progress.trained, now
+                if capped is not None:  # the step ended with the cap on: lift it
+                    _lift(demo)
+                    capped = None
+            if progress.phase != phase:
+                phase, phase_time = progress.phase, now
+            code = demo.poll()
+            if code == 0:
+                break
+            stalled = code is None and now - step_time > stall
+            if code is not None or stalled:  # died, by a fault or of one (or hung): go on with the run
+                chaos.stalls += stalled
+                for fault in open_faults:
+                    fault.outcome = fault.outcome or f"demo exited {code}, resumed"
+                _stop_group(demo)
+                capped = None
+                chaos.restarts += 1
+                sampled_before = _size(records)
+                demo = _start(["--resume", str(run_dir)], log)
+                step_time = phase_time = time.monotonic()  # delays count from the restart
+                phase = "rollouts"
+                continue
+            upcoming = pending[0] if pending else None
+            due = (
+                upcoming is not None
+                and capped is None
+                and progress.trained >= upcoming.step
+                and progress.phase == upcoming.phase
+                and now - phase_time >= upcoming.delay
+                # rollouts: once this process samples the steps (not while vLLM starts or evaluates first)
+                and (
+                    upcoming.phase != "rollouts"
+                    or (_size(records) > sampled_before and (run_dir / BEFORE).exists())
+                )
+            )
+            if upcoming is not None and due and _inject(upcoming, demo):
+                pending.pop(0)
+                upcoming.injected_at, upcoming.step = time.monotonic(), progress.trained
+                open_faults.append(upcoming)
+                capped = upcoming if upcoming.kind == "memory" else None
+            time.sleep(0.1)
+    finally:
+        _stop_group(demo)
+    for fault in pending:
+        fault.outcome = "the run ended first"
+    for fault in open_faults:
+        fault.outcome = fault.outcome or "the run ended first"
+    chaos.seconds = time.monotonic() - started
+    report = run_dir / "demo_report.json"
+    chaos.report = json.loads(report.read_text()) if report.exists() else {}
+    check = subprocess.run(
+        [sys.executable, "-m", "journeyman.backend", "check", "--on-policy", str(run_dir)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    chaos.check_output, chaos.check_ok = check.stdout + check.stderr, check.returncode == 0
+    return chaos
+
+
 def table(chaos: ChaosRun) -> str:
-    lines = ["| fault | after step | recovered in s |", "|---|---|---|"]
+    usual = statistics.median(chaos.step_seconds) if chaos.step_seconds else float("nan")
+    lines = [
+        "| fault | phase | during step | then | s to the next step done | s lost (a step is usually "
+        f"{usual:.0f} s) |",
+        "|---|---|---|---|---|---|",
+    ]
     for fault in chaos.faults:
-        recovered = (
-            f"{fault.recovered_after:.0f}" if fault.recovered_after is not None else (fault.missed or "-")
+        done = fault.recovered_after
+        recovered = f"{done:.0f}" if done is not None else "-"
+        lost = f"{max(done - usual, 0):.0f}" if done is not None and usual == usual else "-"
+        lines.append(
+            f"| {fault.kind} | {fault.phase} | {fault.step + 1} | {fault.outcome} | {recovered} | {lost} |"
         )
-        lines.append(f"| {fault.kind} | {fault.step} | {recovered} |")
     after = chaos.report.get("after", {}).get("sampled", {})
     before = chaos.report.get("before", {}).get("sampled", {})
     lines.append("")
     lines.append(
-        f"{sum(f.injected_at is not None for f in chaos.faults)} faults injected, {chaos.restarts} resumes, "
-        f"{chaos.seconds / 60:.1f} min; held-out success {before.get('success', float('nan')):.2f} -> "
-        f"{after.get('success', float('nan')):.2f}; journeyman check: "
-        f"{'every promise holds' if chaos.check_ok else 'FAILED'}"
+        f"{sum(f.injected_at is not None for f in chaos.faults)} faults injected, {chaos.restarts} resumes "
+        f"({chaos.stalls} after a stall), {chaos.seconds / 60:.1f} min; held-out success "
+        f"{before.get('success', float('nan')):.2f} -> {after.get('success', float('nan')):.2f}; "
+        f"journeyman check --on-policy: {'every promise holds' if chaos.check_ok else 'FAILED'}"
     )
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=10)
-    parser.add_argument("--plan", default=",".join(KINDS), help="fault kinds, in turn")
+    parser.add_argument("--plan", default="vllm,kill,interrupt,memory", help=f"fault kinds in turn ({KINDS})")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--max-delay", type=float, default=20.0, help="latest moment into a step, s")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument(
+        "--max-delay", type=float, default=20.0, help="latest moment into a step's rollouts, s"
+    )
     parser.add_argument("--root", type=Path, default=Path(".journeyman-chaos"))
     parser.add_argument("--name", default="chaos")
     parser.add_argument("--timeout", type=float, default=3 * 3600)
+    parser.add_argument("--stall", type=float, default=900.0, help="seconds without a step before a resume")
     parser.add_argument("demo_args", nargs="*", help="more `journeyman demo` flags (after --)")
     args = parser.parse_args()
     demo_args = ["--steps", str(args.steps), "--name", args.name, "--root", str(args.root),
                  "--seed", str(args.seed), "--max-train-minutes", "600", *args.demo_args]  # fmt: skip
     faults = plan(args.faults, args.steps, args.plan.split(","), args.seed, args.max_delay)
-    chaos = run(demo_args, args.root / "demo" / args.name, faults, args.timeout)
+    chaos = run(demo_args, args.root / "demo" / args.name, faults, args.timeout, args.stall)
     print(table(chaos))
     if not chaos.check_ok:
         print(chaos.check_output)

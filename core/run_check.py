@@ -11,11 +11,15 @@ records beside it, and lists every broken promise:
 - no model turn was trained on twice (its completion id in two stored training groups);
 - every completion the gateway recorded is recorded once, and every token-exact turn trained on
   has its record;
-- no temporary file or folder is left visible (a half-written file keeps a hidden name).
+- no temporary file or folder is left visible (a half-written file keeps a hidden name);
+- the step the plain name serves has its checkpoint (while training promotes each step it
+  finishes, that is the latest, even when the process died before recording the promotion);
+- ``on_policy``: each turn trained at step ``k`` was answered by version ``k`` (the served
+  version was the latest checkpoint when it was sampled), as in a run that samples and trains in
+  turn like the demo; a run that samples ahead of training has older turns by design.
 
 Hidden leftovers of a write that was killed (``.0003.*.tmp``) are counted, not faults: readers
-never see them. Whether the served version equals the latest checkpoint needs the running
-server: :attr:`RunCheck.latest_step` is what it should serve.
+never see them.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class RunCheck:
     unfinished_step: int | None = None
     """A step whose groups are stored and not trained yet (the run stopped during it)."""
     hidden_leftovers: int = 0
+    stale_turns: int = 0
+    """Trained turns sampled from an older version than the step that trained them."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -55,9 +61,9 @@ def _store(run_dir: Path) -> ModelStore:
     return ModelStore(run_dir.parent.name, run_dir.name, root=run_dir.parents[1])
 
 
-def check_run(run_dir: Path, records: Path | None = None) -> RunCheck:
+def check_run(run_dir: Path, records: Path | None = None, *, on_policy: bool = False) -> RunCheck:
     """Check the run in ``run_dir`` (``ROOT/PROJECT/NAME``) and the gateway's records (default:
-    ``ROOT/gateway/completions.jsonl`` when it exists)."""
+    ``ROOT/gateway/completions.jsonl`` when it exists); ``on_policy``: a stale turn is a problem."""
     store = _store(run_dir)
     if not store.path.is_dir():
         raise InvalidDataError(f"{run_dir} is not a run folder (ROOT/PROJECT/NAME)")
@@ -78,10 +84,17 @@ def check_run(run_dir: Path, records: Path | None = None) -> RunCheck:
         check.problems.append(
             f"the history's train rows are for steps {sorted(rows.elements())}, not once each for 1..{latest}"
         )
+    served = store.promoted_step()
+    if served is not None and served not in steps:
+        check.problems.append(f"the plain name serves step {served}, which has no checkpoint")
     trained = _check_trajectories(store, latest, check)
     records = records if records is not None else store.root / "gateway" / "completions.jsonl"
     if records.is_file():
         _check_records(records, trained, check)
+    if on_policy and check.stale_turns:
+        check.problems.append(
+            f"{check.stale_turns} trained turns were answered by an older version than their step's"
+        )
     for path in store.path.rglob("*"):
         hidden = any(part.startswith(".") for part in path.relative_to(store.path).parts)
         if hidden and (path.name.endswith(".tmp") or ".tmp" in path.name):
@@ -91,9 +104,9 @@ def check_run(run_dir: Path, records: Path | None = None) -> RunCheck:
     return check
 
 
-def _check_trajectories(store: ModelStore, latest: int, check: RunCheck) -> set[str]:
+def _check_trajectories(store: ModelStore, latest: int, check: RunCheck) -> dict[str, int]:
     """Check the stored training groups; return the completion ids of the token-exact turns
-    trained on."""
+    trained on, each with the step that trained it."""
     stored = store.steps("train")
     expected = list(range(latest))
     if [s for s in stored if s < latest] != expected:
@@ -107,6 +120,7 @@ def _check_trajectories(store: ModelStore, latest: int, check: RunCheck) -> set[
     if extra:
         check.problems.append(f"trajectories stored for steps {extra}, beyond the latest checkpoint {latest}")
     seen: Counter[str] = Counter()
+    steps: dict[str, int] = {}
     for step in (s for s in stored if s < latest):
         try:
             groups = store.load_groups("train", step)
@@ -114,35 +128,43 @@ def _check_trajectories(store: ModelStore, latest: int, check: RunCheck) -> set[
             check.problems.append(f"train step {step}: {error}")
             continue
         check.trained_groups += len(groups)
-        seen.update(
+        ids = [
             turn.completion_id
             for group in groups
             for trajectory in group
             for history in trajectory.histories
             for turn in history.model_turns
             if turn.completion_id is not None and turn.is_token_exact
-        )
+        ]
+        seen.update(ids)
+        steps |= dict.fromkeys(ids, step)
     twice = [cid for cid, n in seen.items() if n > 1]
     if twice:
         check.problems.append(f"{len(twice)} model turns were trained on more than once: {twice[:3]}")
-    return set(seen)
+    return steps
 
 
-def _check_records(records: Path, trained: set[str], check: RunCheck) -> None:
+def _check_records(records: Path, trained: dict[str, int], check: RunCheck) -> None:
     ids: Counter[str] = Counter()
     with records.open() as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                ids[json.loads(line)["completion_id"]] += 1
+                record = json.loads(line)
+                ids[record["completion_id"]] += 1
             except (ValueError, KeyError):
                 if line.endswith("\n"):  # a last line without its newline is a write cut short
                     check.problems.append(f"{records}, line {number}: not a completion record")
+                continue
+            step = trained.get(record["completion_id"])
+            version = record.get("policy_version")
+            if step is not None and version is not None and version != step:
+                check.stale_turns += 1
     check.records = sum(ids.values())
     twice = [cid for cid, n in ids.items() if n > 1]
     if twice:
         check.problems.append(f"{len(twice)} completions are recorded more than once: {twice[:3]}")
-    missing = sorted(trained - set(ids))
+    missing = sorted(set(trained) - set(ids))
     if missing:
         check.problems.append(f"{len(missing)} trained turns have no gateway record: {missing[:3]}")

@@ -179,6 +179,13 @@ def _exclusive(path: Path) -> Iterator[None]:
             yield
 
 
+def _follows_training(rows: list[dict[str, Any]]) -> bool:
+    if not rows:
+        return True
+    last = rows[-1]
+    return bool(last.get("action") == "promote" and last.get("by") == "train" and not last.get("pinned"))
+
+
 def _append_line(path: Path, lines: Iterable[str]) -> None:
     """Append lines to a JSONL file by an atomic rewrite (the file is small: one line per step/group)."""
     with _exclusive(path):
@@ -304,9 +311,22 @@ class ModelStore:
 
     def promoted_step(self) -> int | None:
         """The step the plain name serves: the last promotion or rollback recorded; None when none
-        was (then it is the latest step)."""
-        moves = [row for row in self.read_promotions() if row.get("action") in ("promote", "rollback")]
-        return int(moves[-1]["step"]) if moves else None
+        was (then it is the latest step). While training promotes each step it finishes, a later
+        checkpoint than the last such row is served too: its row was lost with a process killed
+        between the checkpoint and the row."""
+        rows = self.read_promotions()
+        moves = [row for row in rows if row.get("action") in ("promote", "rollback")]
+        if not moves:
+            return None
+        step = int(moves[-1]["step"])
+        steps = self.checkpoint_steps()
+        return max(step, steps[-1]) if steps and _follows_training(rows) else step
+
+    def follows_training(self) -> bool:
+        """Whether the plain name follows each step training finishes: nothing recorded yet, or
+        last a training step's own promotion (not one pinned by ``promote=False``, a gate's hold,
+        a canary or a move by hand)."""
+        return _follows_training(self.read_promotions())
 
     def running_canary(self) -> tuple[int, float] | None:
         """(step, share) of a canary still running: started after the last promotion, rollback or

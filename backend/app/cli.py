@@ -345,14 +345,23 @@ def check(
     records: Annotated[
         Path | None, typer.Option(help="The gateway's records (default: ROOT/gateway/completions.jsonl).")
     ] = None,
+    on_policy: Annotated[
+        bool,
+        typer.Option(
+            "--on-policy",
+            help="Each step trained only on turns its own version answered (runs that sample, then train, "
+            "like the demo); without it such turns are counted, not faults.",
+        ),
+    ] = False,
 ) -> None:
     """Check a run's files after an interruption: checkpoints, history, trajectories, records."""
     from journeyman.run_check import check_run
 
-    result = check_run(run_dir, records)
+    result = check_run(run_dir, records, on_policy=on_policy)
     typer.echo(
         f"{result.run_dir}: latest checkpoint {result.latest_step}, {result.trained_steps} steps in the history, "
         f"{result.trained_groups} groups trained, {result.records} records, "
+        f"{result.stale_turns} turns trained after a newer version served, "
         f"{result.hidden_leftovers} hidden leftovers of killed writes"
     )
     if result.unfinished_step is not None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import journeyman as jm
-from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError
+from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError, RolloutError
 from journeyman.store import atomic_write
 
 try:
@@ -55,6 +55,7 @@ from .demo_report import (
     summarize,
     summary_line,
 )
+from .interrupt import Interrupt
 from .plots import plot_demo
 from .ui.app import start_viewer
 
@@ -65,6 +66,8 @@ __all__ = ["DEFAULT_JUDGE_MODEL", "Demo", "DemoConfig", "resume_config", "run_de
 
 CONFIG_FILE = "demo_config.json"
 """The run's settings, written when it starts: what ``journeyman demo --resume`` runs again."""
+SAMPLE_TRIES = 3
+"""Times a step's (or an evaluation's) rollouts are sampled when vLLM dies under them."""
 BEFORE_FILE = "demo_before.json"
 """The held-out evaluation before training, kept so a resumed run reports against it."""
 
@@ -105,6 +108,8 @@ class Demo:
         self.http: httpx.AsyncClient | None = None
         self.records: Any = None
         self.console: Any = None
+        self.interrupt = Interrupt()
+        self.backend: LocalBackend | None = None
         share = config.worked_share
         if share is None:  # SmolLM2 calls no tool without the worked examples
             share = 1.0 if config.base_model == "smollm2-135m" else 0.5
@@ -194,19 +199,32 @@ class Demo:
         *,
         after_each: Any = None,
     ) -> list[jm.TrajectoryGroup]:
-        """A group of ``n`` rollouts for each scenario, by the agent in the same place."""
-        return await jm.gather_trajectory_groups(
-            (
-                jm.TrajectoryGroup(
-                    rollout(agent, s, shaping=self.config.shaping, records=self.records) for _ in range(n)
-                )
-                for agent, s in zip(agents, scenarios, strict=True)
-            ),
-            max_exceptions=0.1,
-            after_each=after_each,
-            description=description,
-            progress=self.config.progress,
-        )  # exported to Langfuse (with split and step) by model.log and model.train
+        """A group of ``n`` rollouts for each scenario, by the agent in the same place; sampled
+        again (up to ``SAMPLE_TRIES`` times) when they failed because vLLM died meanwhile."""
+        backend, attempt = self.backend, 1
+        assert backend is not None, "sampling needs the servers running (Demo.run)"
+        while True:
+            restarts = backend.restarts
+            try:
+                return await jm.gather_trajectory_groups(
+                    (
+                        jm.TrajectoryGroup(
+                            rollout(agent, s, shaping=self.config.shaping, records=self.records)
+                            for _ in range(n)
+                        )
+                        for agent, s in zip(agents, scenarios, strict=True)
+                    ),
+                    max_exceptions=0.1,
+                    after_each=after_each,
+                    description=description,
+                    progress=self.config.progress,
+                )  # exported to Langfuse (with split and step) by model.log and model.train
+            except RolloutError as error:
+                if attempt == SAMPLE_TRIES or not (backend.policy_down() or backend.restarts > restarts):
+                    raise
+                self.console.print(f"[yellow]{error}[/yellow]\nvLLM died: sampling again once it is back")
+                await backend.wait_serving()
+                attempt += 1
 
     async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
         """Held-out success at the training temperature and greedily, with worked examples in the
@@ -308,11 +326,13 @@ class Demo:
             if viewer is not None:
                 self.console.print(f"viewer: {viewer.base_url}/runs/{c.project}/{self.name}")
             async with (
+                self.interrupt,  # first in, last out: Ctrl-C is kept until the servers are down
                 LocalBackend(root=c.root, merge_adapters=merge) as backend,
                 httpx.AsyncClient(
                     timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
                 ) as self.http,
             ):
+                self.backend = backend
                 await model.register(backend)
                 self.records = backend.records
                 judge, after_each = await self._judging(model, backend)
@@ -327,6 +347,7 @@ class Demo:
                     step = await model.get_step()
                     self.console.print(f"resuming at step {step + 1} after {trained:.1f} min of training")
                 train_minutes = await self._train(model, train_config, judge, after_each, trained)
+                self.interrupt.check()
                 after = await self.evaluate(model, "after")
         return self._report(model, before, after, train_minutes, started)
 
@@ -367,6 +388,7 @@ class Demo:
             initial_step=await model.get_step(),
             seed=None,
         ):
+            self.interrupt.check()  # a Ctrl-C whose cancellation a library swallowed stops here
             spent = (time.monotonic() - started) / 60
             if batch.step >= c.steps or (c.max_train_minutes is not None and spent >= c.max_train_minutes):
                 break
@@ -397,6 +419,7 @@ class Demo:
             groups = [await after_each(group) for group in groups]
             self.calibrated = True
         rollout_s = time.monotonic() - t0
+        self.interrupt.check()
         stats = summarize(groups)
         with self.console.status(f"step {batch.step + 1}/{c.steps}: training on {len(groups)} groups ..."):
             result = await model.train(groups, train_config, langfuse=c.langfuse)
@@ -458,7 +481,7 @@ def run_demo(config: DemoConfig, *, resume: bool = False) -> dict[str, Any]:
     demo = Demo(config, resume=resume)
     try:
         return asyncio.run(demo.run())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C (see .interrupt)
         from rich.console import Console
 
         run_dir = jm.ModelStore(config.project, demo.name, root=config.root).path

@@ -146,6 +146,22 @@ def _store(tmp_path: Path, steps: range = range(4)) -> jm.ModelStore:
     return store
 
 
+def test_a_step_whose_promotion_row_was_lost_with_the_process_is_served(tmp_path: Path) -> None:
+    """Training promotes each step: killed after step 3's checkpoint, before its row, the name
+    still serves step 3 when the run starts again; a pinned step or a gate's hold stays put."""
+    store = _store(tmp_path)  # checkpoints 0..3
+    for step in (1, 2):
+        store.append_promotion({"action": "promote", "step": step, "by": "train"})
+    assert store.follows_training() and store.promoted_step() == 3
+    store.append_promotion({"action": "promote", "step": 2, "by": "train", "pinned": True})
+    assert not store.follows_training() and store.promoted_step() == 2
+    store.append_promotion({"action": "promote", "step": 3, "by": "train"})
+    store.append_promotion({"action": "hold", "step": 3, "by": "gate"})
+    assert not store.follows_training() and store.promoted_step() == 3
+    store.append_promotion({"action": "rollback", "step": 1, "by": "me"})
+    assert store.promoted_step() == 1
+
+
 def test_the_store_records_moves_and_keeps_the_promoted_checkpoint(tmp_path: Path) -> None:
     store = _store(tmp_path)
     assert store.promoted_step() is None

@@ -41,7 +41,7 @@ def _run(root: Path, steps: int = 2) -> jm.ModelStore:
             ids = (f"c{step}a", f"c{step}b")
             store.save_groups([_group(*ids)], "train", step)
             store.append_history({"step": step + 1, "split": "train", "train/loss": 0.5})
-            records += [{"completion_id": cid} for cid in ids]
+            records += [{"completion_id": cid, "policy_version": step} for cid in ids]
     (root / "gateway").mkdir()
     (root / "gateway" / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return store
@@ -99,3 +99,20 @@ def test_missing_checkpoints_and_trajectories_are_named(tmp_path: Path) -> None:
     problems = "\n".join(check_run(store.path).problems)
     assert "checkpoint 1 is incomplete" in problems
     assert "files for steps [2] missing" in problems
+
+
+def test_turns_answered_by_an_older_version_are_counted_and_fail_an_on_policy_check(tmp_path: Path) -> None:
+    store = _run(tmp_path)
+    path = tmp_path / "gateway" / "completions.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[2]["policy_version"] = 0  # step 1's first turn, sampled before step 1 was served
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert check_run(store.path).ok and check_run(store.path).stale_turns == 1
+    strict = check_run(store.path, on_policy=True)
+    assert strict.problems == ["1 trained turns were answered by an older version than their step's"]
+
+
+def test_the_served_step_needs_its_checkpoint(tmp_path: Path) -> None:
+    store = _run(tmp_path)
+    store.append_promotion({"action": "rollback", "step": 5, "by": "me"})
+    assert check_run(store.path).problems == ["the plain name serves step 5, which has no checkpoint"]
