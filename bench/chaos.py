@@ -303,6 +303,13 @@ def table(chaos: ChaosRun) -> str:
         lines.append(
             f"| {fault.kind} | {fault.phase} | {fault.step + 1} | {fault.outcome} | {recovered} | {lost} |"
         )
+    lines += ["", "| fault kind | injected | resumes it took | s lost, mean |", "|---|---|---|---|"]
+    for kind in dict.fromkeys(f.kind for f in chaos.faults):
+        of_kind = [f for f in chaos.faults if f.kind == kind and f.injected_at is not None]
+        lost = [max(f.recovered_after - usual, 0) for f in of_kind if f.recovered_after is not None]
+        resumed = sum("resumed" in f.outcome for f in of_kind)
+        mean = f"{statistics.mean(lost):.0f}" if lost and usual == usual else "-"
+        lines.append(f"| {kind} | {len(of_kind)} | {resumed} | {mean} |")
     after = chaos.report.get("after", {}).get("sampled", {})
     before = chaos.report.get("before", {}).get("sampled", {})
     lines.append("")

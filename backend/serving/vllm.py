@@ -134,6 +134,10 @@ class VLLMServer:
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.config.kv_cache_gib)))
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+            # vLLM-CPU 0.32 cannot load its own AOT-compiled graphs ("'function' object has no
+            # attribute 'finalize_loading'") and compiles again at every start; its older compile
+            # cache loads: a merged 135M server starts in 53 s instead of 110 s once cached.
+            env.setdefault("VLLM_USE_AOT_COMPILE", "0")
             if self.config.reserved_cpus is not None:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.config.reserved_cpus)
             if self.lora and self.config.cpu_lora_plugin:

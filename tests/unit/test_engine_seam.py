@@ -7,6 +7,7 @@ the real router and gateway and is recorded, and a trained step's adapter is loa
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,45 @@ def test_engines_are_found_by_name_and_an_unknown_one_is_a_clear_error() -> None
     assert engine(Endpoint) is Endpoint  # an engine given as itself
     with pytest.raises(jm.ConfigError, match="no inference engine named 'sglang'; the engines are vllm"):
         engine("sglang")
+
+
+class Dying(Endpoint):
+    """An endpoint whose process can die (``code``) and comes back when launched again."""
+
+    def __init__(self, url: str, config: VLLMConfig, *, log_path: Path) -> None:
+        super().__init__(url, config, log_path=log_path)
+        self.code: int | None = None
+        self.launches = 0
+
+    def launch(self) -> None:
+        super().launch()
+        self.code, self.launches = None, self.launches + 1
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+
+async def test_wait_serving_holds_callers_until_the_watchdog_has_the_server_back(tmp_path: Path) -> None:
+    """What the demo waits on before sampling a step again after vLLM died under it."""
+    upstream = ScriptedUpstream(
+        replies=[Reply(body={}), Reply(body={})]
+    )  # the start's and the restart's probes
+    thread = serve(upstream.app())
+    made: list[Dying] = []
+
+    def make(config: VLLMConfig, *, log_path: Path) -> Dying:
+        made.append(Dying(thread.base_url, config, log_path=log_path))
+        return made[-1]
+
+    try:
+        async with LocalBackend(root=tmp_path, engine=make, watch_interval=0.05) as backend:
+            model = jm.TrainableModel(name="agent", project="seam", base_model="smollm2-135m", root=tmp_path)
+            await model.register(backend)
+            (server,) = made
+            assert not backend.policy_down()
+            server.code = -9  # killed
+            assert backend.policy_down()
+            await asyncio.wait_for(backend.wait_serving(), 10)
+            assert not backend.policy_down() and backend.restarts == 1 and server.launches == 2
+    finally:
+        thread.stop()
