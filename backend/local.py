@@ -92,9 +92,9 @@ class LocalBackend:
         self.records: RecordLog | None = None
         self.watch_interval = watch_interval
         self.restarts = 0
+        """How many times the watchdog restarted a vLLM server that died."""
         self.restarting = False
         """True while the watchdog restarts the policy's server and loads its adapters again."""
-        """How many times the watchdog restarted a vLLM server that died."""
         self.judge_restarts = 0
         """How many times it restarted a judge's server (:meth:`start_judge`)."""
         self._base: Path | str | None = None
