@@ -361,7 +361,7 @@ def check(
     typer.echo(
         f"{result.run_dir}: latest checkpoint {result.latest_step}, {result.trained_steps} steps in the history, "
         f"{result.trained_groups} groups trained, {result.records} records, "
-        f"{result.stale_turns} turns trained after a newer version served, "
+        f"{result.stale_turns} trained turns answered by an older version than their step's, "
         f"{result.hidden_leftovers} hidden leftovers of killed writes"
     )
     if result.unfinished_step is not None:
