@@ -97,6 +97,8 @@ class LocalBackend:
         """True while the watchdog restarts the policy's server and loads its adapters again."""
         self.judge_restarts = 0
         """How many times it restarted a judge's server (:meth:`start_judge`)."""
+        self.restarting_judges: set[str] = set()
+        """The judges whose servers the watchdog is restarting."""
         self._base: Path | str | None = None
         self._trainers: dict[str, Trainer] = {}
         self._promote: dict[str, bool] = {}
@@ -191,13 +193,20 @@ class LocalBackend:
         """Whether the policy's server is dead or being restarted (its requests fail meanwhile)."""
         return self.router is not None and (self.restarting or self.router.server.exit_code() is not None)
 
-    async def wait_serving(self, timeout: float = 900.0) -> None:
-        """Until the watchdog has the policy's server answering again, with its adapters loaded."""
+    def judge_down(self) -> bool:
+        """Whether a judge's server (:meth:`start_judge`) is dead or being restarted."""
+        dead = any(server.exit_code() is not None for server in self.judge_servers.values())
+        return dead or bool(self.restarting_judges)
+
+    async def wait_serving(self, timeout: float = 900.0, *, judges: bool = False) -> None:
+        """Until the watchdog has the policy's server answering again, with its adapters loaded
+        (``judges``: the judges' servers instead)."""
+        down, what = (self.judge_down, "judges'") if judges else (self.policy_down, "policy's")
         deadline = time.monotonic() + timeout
-        while self.policy_down():
+        while down():
             if time.monotonic() > deadline:
                 raise BackendError(
-                    f"the policy's vLLM server was not back within {timeout:.0f} s; see {self.root / 'logs'}"
+                    f"the {what} vLLM server was not back within {timeout:.0f} s; see {self.root / 'logs'}"
                 )
             await asyncio.sleep(0.5)
 
@@ -206,6 +215,7 @@ class LocalBackend:
             "the judge server for %s exited (code %s; killed for memory if -9: see %s); restarting it",
             name, server.exit_code(), server.log_path,
         )  # fmt: skip
+        self.restarting_judges.add(name)
         try:
             server.stop()
             server.launch()
@@ -214,6 +224,8 @@ class LocalBackend:
         except Exception:
             logger.exception("restarting the judge server for %s failed; trying again later", name)
             await asyncio.sleep(10 * self.watch_interval)
+        finally:
+            self.restarting_judges.discard(name)
 
     async def register(self, model: TrainableModel) -> Registration:
         for folder in (self.root, model.store.path):  # fail now, not after vLLM started

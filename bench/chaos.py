@@ -219,6 +219,7 @@ def run(
     pending = list(faults)
     seen, step_time, phase_time, phase = 0, time.monotonic(), time.monotonic(), "rollouts"
     capped: Fault | None = None
+    ending = False  # a kill or Ctrl-C was sent: the next fault waits for the process that resumes
     open_faults: list[Fault] = []
     try:
         while True:
@@ -246,7 +247,7 @@ def run(
                 for fault in open_faults:
                     fault.outcome = fault.outcome or f"demo exited {code}, resumed"
                 _stop_group(demo)
-                capped = None
+                capped, ending = None, False
                 chaos.restarts += 1
                 sampled_before = _size(records)
                 demo = _start(["--resume", str(run_dir)], log)
@@ -257,6 +258,7 @@ def run(
             due = (
                 upcoming is not None
                 and capped is None
+                and not ending
                 and progress.trained >= upcoming.step
                 and progress.phase == upcoming.phase
                 and now - phase_time >= upcoming.delay
@@ -271,6 +273,7 @@ def run(
                 upcoming.injected_at, upcoming.step = time.monotonic(), progress.trained
                 open_faults.append(upcoming)
                 capped = upcoming if upcoming.kind == "memory" else None
+                ending = upcoming.kind in ("kill", "interrupt")
             time.sleep(0.1)
     finally:
         _stop_group(demo)

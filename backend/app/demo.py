@@ -226,6 +226,26 @@ class Demo:
                 await backend.wait_serving()
                 attempt += 1
 
+    async def _judge_again(
+        self, groups: list[jm.TrajectoryGroup], after_each: Any, restarts: int
+    ) -> list[jm.TrajectoryGroup]:
+        """The groups whose judging failed because the judge's server died meanwhile, judged again
+        once it is back (each keeps its first failure on record); the others as they are."""
+        backend = self.backend
+        assert backend is not None
+        failed = [i for i, group in enumerate(groups) if group.metrics.get("judge/failed")]
+        if not failed or not (backend.judge_down() or backend.judge_restarts > restarts):
+            return groups
+        self.console.print(
+            f"[yellow]the judge's vLLM server died: judging {len(failed)} group(s) again once it is back[/yellow]"
+        )
+        await backend.wait_serving(judges=True)
+        again = list(groups)
+        for i in failed:
+            again[i] = await after_each(groups[i])
+            again[i].metrics["judge/judged_again"] = 1
+        return again
+
     async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
         """Held-out success at the training temperature and greedily, with worked examples in the
         prompt, and (``zero_shot_eval``) without them."""
@@ -296,7 +316,8 @@ class Demo:
             method=c.judge_method, reference=c.judge_reference, reward_from=c.judge_reward,
         )  # fmt: skip
         self.console.print(f"judge: RULER ({c.judge_method}) with {judge.model} at {judge.base_url}")
-        self.calibrated = False
+        # A resumed run that trained a step had the judge calibrated on its first step, and went on.
+        self.calibrated = self.resume and await model.get_step() > 0
         return judge, after_each
 
     async def run(self) -> dict[str, Any]:
@@ -409,6 +430,7 @@ class Demo:
         """One training step: rollouts (judged), the update, a history row and a progress line."""
         c = self.config
         t0 = time.monotonic()
+        judge_restarts = self.backend.judge_restarts if self.backend is not None else 0
         groups = await self._groups(
             agents, batch.items, c.group_size, f"step {batch.step + 1}/{c.steps} rollouts",
             after_each=after_each if self.calibrated else None,
@@ -418,6 +440,8 @@ class Demo:
             await self._calibrate(model, judge, groups)
             groups = [await after_each(group) for group in groups]
             self.calibrated = True
+        if judge is not None:
+            groups = await self._judge_again(groups, after_each, judge_restarts)
         rollout_s = time.monotonic() - t0
         self.interrupt.check()
         stats = summarize(groups)

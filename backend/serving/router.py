@@ -18,13 +18,14 @@ model is trained per server and only its current version is served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,8 @@ class Router:
         self._in_flight: Counter[str] = Counter()
         self._in_flight_lock = threading.Lock()  # the gateway counts on its own thread
         self._deploy_lock = asyncio.Lock()
+        self._up = asyncio.Event()  # cleared while restart_server brings a dead server back
+        self._up.set()
         self._reloading = False
         """True while merged weights are reloaded: the gateway holds new requests."""
         self._merged_from: Path | None = None
@@ -165,7 +168,7 @@ class Router:
         (a model's first deploy names it all the same).
         """
         validate_name(name, "model name")
-        async with self._deploy_lock:
+        async with self._deploying():
             processes = self.server.pids
             deployment = self.deployments.get(name)
             if adapter_dir is None and step != 0:
@@ -228,7 +231,7 @@ class Router:
         """Point ``name`` at its step ``step`` (``adapter_dir``: that step's adapter, None for step 0's
         base model), loading it first if it is not loaded; return the served name. Requests already
         running finish on the version they started with. With merged serving the weights are reloaded."""
-        async with self._deploy_lock:
+        async with self._deploying():
             deployment = self.deployments.get(name)
             if deployment is None:
                 raise ConfigError(f"{name} is not served here; register it first")
@@ -255,7 +258,7 @@ class Router:
         needed; ``share=0`` ends the canary. Returns the candidate's served name."""
         if not 0 <= share <= 1:
             raise ConfigError(f"a canary share is between 0 and 1, got {share}")
-        async with self._deploy_lock:
+        async with self._deploying():
             deployment = self.deployments.get(name)
             if deployment is None:
                 raise ConfigError(f"{name} is not served here; register it first")
@@ -288,6 +291,14 @@ class Router:
         """Versions never unloaded: the promoted one and a canary's candidate."""
         canary = self.canaries.get(deployment.name)
         return {deployment.served_name, *([canary[0]] if canary else [])}
+
+    @contextlib.asynccontextmanager
+    async def _deploying(self) -> AsyncIterator[None]:
+        """Deploys one at a time, each after a restart under way has loaded the kept versions (a
+        load sent to a server still starting would fail, and the step was not lost)."""
+        await self._up.wait()
+        async with self._deploy_lock:
+            yield
 
     def _died_since(self, processes: tuple[int | None, ...]) -> bool:
         """A server process died (or was already replaced by the watchdog) since ``processes``."""
@@ -372,10 +383,14 @@ class Router:
         """Restart a vLLM server that died and load the kept adapters again."""
         code = self.server.exit_code()
         logger.warning("vLLM is down (exit code %s); restarting it", code)
-        self.server.stop()
-        self.server.launch()  # from this thread: the server lives as long as the caller's thread
-        await asyncio.to_thread(self.server.wait_healthy)
-        await self.redeploy()
+        self._up.clear()
+        try:
+            self.server.stop()
+            self.server.launch()  # from this thread: the server lives as long as the caller's thread
+            await asyncio.to_thread(self.server.wait_healthy)
+            await self.redeploy()
+        finally:
+            self._up.set()
 
 
 def _kept(deployment: Deployment, keep: int, pinned: set[str]) -> list[tuple[int, str, Path]]:

@@ -1,6 +1,7 @@
-"""The short chaos run: one fault of each kind but the judge's at moments drawn from a seed, in a
-real demo (real vLLM, trainer, gateway); the run carries on to its last step and keeps every promise,
-and its resumed parts ask the questions an uninterrupted run asks, in that order."""
+"""The short chaos run: one fault of each kind at moments drawn from a seed, in a real demo (real
+vLLM, trainer, gateway, and a judge on a vLLM server of its own); the run carries on to its last
+step and keeps every promise, and its resumed parts ask the questions an uninterrupted run asks, in
+that order."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from pathlib import Path
 import journeyman as jm
 from bench.chaos import plan, run, table
 from journeyman.backend.app.calculator import make_scenarios
+from journeyman.backend.models import prepare_model
 
 STEPS = 5
-KINDS = ["vllm", "memory", "kill", "interrupt"]
+KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
 DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "10",
         "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--no-zero-shot-eval",
         "--max-train-minutes", "600", "--name", "chaos"]  # fmt: skip
+JUDGE = ["--judge", "ruler", "--judge-anyway", "--reward-weight", "1", "--no-gradient-checkpointing"]
+"""The base model judges from a folder, so on a server of its own; the programmatic reward beside
+its scores keeps the steps learning (a 135M judge ranks at chance: this run is about its server)."""
 
 
 def _question(group: jm.TrajectoryGroup) -> str:
@@ -25,14 +30,23 @@ def _question(group: jm.TrajectoryGroup) -> str:
 
 
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
-    faults = plan(len(KINDS), STEPS - 1, KINDS, seed=7, max_delay=4.0)  # kill: in a merged reload
+    faults = plan(len(KINDS), STEPS - 1, KINDS, seed=0, max_delay=4.0)  # vLLM and the demo killed in training
+    judge = ["--judge-model", str(prepare_model("smollm2-135m"))]
     chaos = run(
-        [*DEMO, "--root", str(tmp_path)], tmp_path / "demo" / "chaos", faults, timeout=1500, stall=300
+        [*DEMO, *JUDGE, *judge, "--root", str(tmp_path)],
+        tmp_path / "demo" / "chaos",
+        faults,
+        timeout=1500,
+        stall=300,
     )
     print(table(chaos))
     assert [f.kind for f in faults if f.injected_at is not None] == KINDS, table(chaos)
     assert chaos.check_ok, chaos.check_output
     assert chaos.stalls == 0 and chaos.restarts >= 2, table(chaos)  # kill and Ctrl-C end the process
+    outcome = {f.kind: f.outcome for f in faults}
+    assert outcome["vllm"] == outcome["judge"] == "carried on", table(
+        chaos
+    )  # both servers restarted in-process
     assert chaos.report["before"]["step"] == 0 and chaos.report["after"]["step"] == STEPS
     store = jm.ModelStore("demo", "chaos", root=tmp_path)
     questions = [s.question for s in make_scenarios(10, seed=0)]  # the demo's order (no shuffle)
@@ -41,5 +55,15 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert [_question(g) for g in store.load_groups("val", 0)] == [
         _question(g) for g in store.load_groups("val", STEPS)
     ]  # one held-out set before and after
+    judged_again = [
+        g
+        for step in range(STEPS)
+        for g in store.load_groups("train", step)
+        if g.metrics.get("judge/judged_again")
+    ]
+    assert judged_again and all(
+        g.metrics["judge/failed"] == 0 for g in judged_again
+    )  # judged once it was back
+    assert all(any(f.stage == "judge" for f in g.failures) for g in judged_again)  # the first try on record
     rows = [json.loads(line) for line in (store.path / "history.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in rows if r.get("split") == "train") == list(range(1, STEPS + 1))

@@ -8,6 +8,7 @@ counted), not what the model learned.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,35 @@ async def test_openai_agents_example_trains_one_step(backend: Any, tokenizer: An
             for turn in history.model_turns:  # the Responses API, recorded as such
                 record = backend.records.get(turn.completion_id)
                 assert record is not None and record.kind == "response"
+
+
+async def test_an_interrupted_example_run_goes_on_at_its_next_step_with_the_same_order(
+    backend: Any, tmp_path: Path
+) -> None:
+    """Stopped in its second step's rollouts and run again with the same command, the example
+    trains that step on the batch the uninterrupted run would have, and nothing twice."""
+    example = load("openai_agents_calculator")
+    tiny = "--steps 2 --questions 2 --group-size 2 --max-tokens 40 --name agents-resumed"
+    args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    store = jm.ModelStore("examples", args.name, root=tmp_path)
+    first = asyncio.create_task(example.main(args, backend))
+    while (
+        backend.router is None
+        or backend.router.deployments.get(args.name) is None
+        or (backend.router.resolve(args.name)[1] < 1)
+    ):  # step 1 trained and served: the second step's rollouts are running
+        assert not first.done(), first
+        await asyncio.sleep(0.1)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    summary = await example.main(args, backend)
+    assert [line["step"] for line in summary["lines"]] == [2]  # the second step only
+    order = jm.iterate_dataset(example.questions(4, args.seed), per_step=2)
+    expected = [[q["id"] for q in batch.items] for batch in order]
+    for step in (0, 1):
+        assert [g.metadata["scenario_id"] for g in store.load_groups("train", step)] == expected[step]
+    assert store.checkpoint_steps()[-1] == 2
 
 
 # pydantic_ai_calculator -----------------------------------------------------------------------

@@ -105,7 +105,7 @@ async def attempt(scenario, model):
 '''
 
 
-def test_the_replay_command_trains_gated_steps_from_a_scenario_file(
+def test_the_replay_command_trains_gated_steps_from_a_scenario_file_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from typer.testing import CliRunner
@@ -136,3 +136,17 @@ def test_the_replay_command_trains_gated_steps_from_a_scenario_file(
     held = {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")}
     trained = {g.metadata["source_trace"] for step in (0, 1) for g in store.load_groups("train", step)}
     assert len(held) == 1 and trained == {"trace-0", "trace-1", "trace-2"} - held
+
+    # Run again on the same root: one more step, the next batch of the same order, the same held-out set.
+    again = CliRunner().invoke(
+        app, [*args[: args.index("--steps")], "--steps", "1", *args[args.index("--steps") + 2 :]]
+    )
+    assert again.exit_code == 0, again.output + repr(again.exception)
+    assert "step 3:" in again.output and "step 1:" not in again.output
+    assert store.checkpoint_steps()[-1] == 3
+    assert {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")} == held
+    train = jm.read_scenarios(store.path / "replay-train.jsonl")
+    order = jm.iterate_dataset(train, per_step=2, epochs=3)
+    expected = [[s.source for s in batch.items] for batch in order]
+    for step in (0, 1, 2):  # each group keeps its scenario's place in the batch
+        assert [g.metadata["source_trace"] for g in store.load_groups("train", step)] == expected[step]

@@ -157,3 +157,31 @@ async def test_wait_serving_holds_callers_until_the_watchdog_has_the_server_back
             assert not backend.policy_down() and backend.restarts == 1 and server.launches == 2
     finally:
         thread.stop()
+
+
+async def test_wait_serving_judges_holds_callers_until_the_judges_server_is_back(tmp_path: Path) -> None:
+    """What the demo waits on before judging groups again whose judge died under them."""
+    upstream = ScriptedUpstream(
+        replies=[Reply(body={}), Reply(body={})]
+    )  # the start's and the restart's probes
+    thread = serve(upstream.app())
+    made: list[Dying] = []
+
+    def make(config: VLLMConfig, *, log_path: Path) -> Dying:
+        made.append(Dying(thread.base_url, config, log_path=log_path))
+        return made[-1]
+
+    judge_dir = tmp_path / "judge-model"
+    judge_dir.mkdir()
+    (judge_dir / "config.json").write_text("{}")
+    try:
+        async with LocalBackend(root=tmp_path, engine=make, watch_interval=0.05) as backend:
+            judge = await backend.start_judge(str(judge_dir))
+            (server,) = made
+            assert judge.model == "judge-model" and not backend.judge_down()
+            server.code = -9  # killed
+            assert backend.judge_down() and not backend.policy_down()
+            await asyncio.wait_for(backend.wait_serving(judges=True), 10)
+            assert not backend.judge_down() and backend.judge_restarts == 1 and server.launches == 2
+    finally:
+        thread.stop()

@@ -1,9 +1,10 @@
 """A deploy that fails: on a live server the name keeps its old version; when vLLM died under it,
-the step is kept and the server's restart serves it."""
+the step is kept and the server's restart serves it; a deploy while the server restarts waits for it."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,5 +58,47 @@ def test_a_load_a_live_server_refuses_keeps_the_old_version(tmp_path: Path) -> N
         with pytest.raises(AdapterError, match="could not load adapter 'agent@1'"):
             await router.deploy("agent", tmp_path / "step1", 1)
         assert router.resolve("agent") == ("base", 0)
+
+    asyncio.run(scenario())
+
+
+class RestartingServer(FailingServer):
+    """Dead until restarted; its restart waits on ``healthy``, and loads fail until it is set."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        super().__init__(tmp_path, dies=False)
+        self.failing, self.code = False, -9
+        self.healthy = threading.Event()
+
+    def stop(self) -> None:
+        self.failing, self.code = True, None  # a new process that does not answer yet
+
+    def launch(self) -> None:
+        pass
+
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        assert self.healthy.wait(timeout)
+        self.failing = False
+
+
+def test_a_deploy_while_vllm_restarts_waits_and_is_served_after_the_kept_versions(tmp_path: Path) -> None:
+    server = RestartingServer(tmp_path)
+    router = Router(server)
+
+    async def scenario() -> None:
+        server.code = None
+        await router.deploy("agent", None, 0)
+        await router.deploy("agent", tmp_path / "step1", 1)
+        server.code = -9  # killed during the next training step
+        restart = asyncio.create_task(router.restart_server())
+        await asyncio.sleep(0.05)
+        deploy = asyncio.create_task(router.deploy("agent", tmp_path / "step2", 2))
+        await asyncio.sleep(0.05)
+        assert not deploy.done()  # it does not send a load the starting server would refuse
+        server.healthy.set()
+        await restart
+        assert await deploy == "agent@2"
+        assert server.loaded == ["agent@1", "agent@1", "agent@2"]  # the kept version again, then the new
+        assert router.resolve("agent") == ("agent@2", 2)
 
     asyncio.run(scenario())
