@@ -56,15 +56,10 @@ class RunCheck:
         return not self.problems
 
 
-def _store(run_dir: Path) -> ModelStore:
-    run_dir = Path(run_dir).resolve()
-    return ModelStore(run_dir.parent.name, run_dir.name, root=run_dir.parents[1])
-
-
 def check_run(run_dir: Path, records: Path | None = None, *, on_policy: bool = False) -> RunCheck:
     """Check the run in ``run_dir`` (``ROOT/PROJECT/NAME``) and the gateway's records (default:
     ``ROOT/gateway/completions.jsonl`` when it exists); ``on_policy``: a stale turn is a problem."""
-    store = _store(run_dir)
+    store = ModelStore.from_path(run_dir)
     if not store.path.is_dir():
         raise InvalidDataError(f"{run_dir} is not a run folder (ROOT/PROJECT/NAME)")
     check = RunCheck(run_dir=store.path)

@@ -213,6 +213,12 @@ class ModelStore:
         self.root = Path(root) if root is not None else default_root()
         self.path = self.root / self.project / self.model
 
+    @classmethod
+    def from_path(cls, run_dir: str | os.PathLike[str]) -> ModelStore:
+        """The store whose folder is ``run_dir`` (``ROOT/PROJECT/MODEL``, as a run prints it)."""
+        path = Path(run_dir).resolve()
+        return cls(path.parent.name, path.name, root=path.parents[1])
+
     def __repr__(self) -> str:
         return f"ModelStore({str(self.path)!r})"
 

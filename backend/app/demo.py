@@ -81,8 +81,8 @@ def resume_config(run_dir: Path) -> DemoConfig:
             "(ROOT/demo/NAME), of a run this version started"
         )
     saved = json.loads(path.read_text())
-    run_dir = Path(run_dir).resolve()
-    saved.update(root=run_dir.parents[1], project=run_dir.parent.name, name=run_dir.name)
+    store = jm.ModelStore.from_path(run_dir)
+    saved.update(root=store.root, project=store.project, name=store.model)
     return DemoConfig(**saved)
 
 

@@ -31,6 +31,8 @@ def test_layout_and_round_trip(tmp_path: Path) -> None:
     assert store.splits() == ["train", "val"]
     assert store.steps("train") == [3]
     assert store.load_groups("train", 7) == []
+    again = jm.ModelStore.from_path(tmp_path / "demo" / "calc-agent" / "." / "")  # the folder a run prints
+    assert (again.project, again.model, again.path) == ("demo", "calc-agent", store.path.resolve())
 
 
 def test_root_defaults_to_env_then_dot_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
