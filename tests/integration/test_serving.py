@@ -421,7 +421,8 @@ async def test_adapter_logprobs_match_transformers_with_the_same_adapter(
         f"\n{served.family}: adapter logprobs, vLLM vs transformers: mean |diff| {difference.mean():.4f}, without it {off.mean():.4f}"
     )
     # vLLM computes in bf16: with this strong random adapter the 0.5B lands 0.20 from fp32 peft, the
-    # same with the plugin off (measured), against 3.6 for no adapter. Within a tenth of how far the
-    # adapter moved the logprobs, and 0.05 in any case.
-    assert difference.mean() < max(0.05, off.mean() / 10), f"mean |diff| {difference.mean():.4f}"
+    # same with the plugin off (measured), against 3.6 for no adapter; on an Intel Xeon with AMX the
+    # 135M lands 0.053 from it, against 0.37. Within a tenth of how far the adapter moved the
+    # logprobs, and 0.08 in any case.
+    assert difference.mean() < max(0.08, off.mean() / 10), f"mean |diff| {difference.mean():.4f}"
     assert off.mean() > 4 * difference.mean()  # the adapter matters: without it the logprobs differ
