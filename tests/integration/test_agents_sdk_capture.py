@@ -82,7 +82,8 @@ def _traced(gateway: GatewayThread, agent: Agent[Any], stream: bool, tries: int 
     """The tracer of a run whose model answered after the tool's result. Sampled at T=0.7, the
     135M now and then stops short of that: a streamed Responses run ends at a reply cut by
     ``max_tokens`` (the tracer counts that call as failed), or its first reply is taken as the
-    final answer."""
+    final answer (vLLM's Responses API applies only ``tool_choice="auto"``, vllm-project/vllm#23227,
+    so ``required`` does not hold it to a tool call there)."""
     for _ in range(tries):
         with _tracer(gateway) as tracer:
             cut = asyncio.run(_run(agent, "What is 3 plus 4?", stream))
