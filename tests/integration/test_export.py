@@ -10,12 +10,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from journeyman.backend.export import CHECK_PROMPTS, check_export, export_step, prompt_ids
+from journeyman.backend.export import CHECK_PROMPTS, ModelExport, check_export, export_step, prompt_ids
 from journeyman.store import CHECKPOINT_STATE, ModelStore
 
 from .conftest import FAMILIES, Served, make_adapter
 
 MAX_NEW_TOKENS = 16
+NEAR_TIE = 0.5
+"""Logits closer than this: bf16 serving and an fp32 check may pick either token."""
 
 
 @pytest.fixture
@@ -29,6 +31,31 @@ def trained(served: Served, tmp_path: Path) -> ModelStore:
         state = {"step": 1, "base_model": str(served.model_dir)}
         (folder / CHECKPOINT_STATE).write_text(json.dumps(state))
     return store
+
+
+def _gaps_where_they_part(
+    export: ModelExport, exported: list[list[int]], served: list[list[int]]
+) -> list[float]:
+    """Where a greedy continuation vLLM serves parts from the export's, how far the export's logit
+    of its own token is above vLLM's token there (0: a tie). vLLM serves in bf16 on a host with bf16
+    instructions, the export is checked in fp32: where two tokens are that close, either may win."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    files = {"gguf_file": export.files[0]} if export.format == "gguf" else {}
+    model = AutoModelForCausalLM.from_pretrained(export.path, dtype=torch.float32, **files).eval()
+    gaps = []
+    for ids, ours, theirs in zip(
+        prompt_ids(Path(export.base_model), CHECK_PROMPTS), exported, served, strict=True
+    ):
+        parted = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+        if parted is None:
+            assert len(ours) == len(theirs), (ours, theirs)
+            continue
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids + ours[:parted]])).logits[0, -1]
+        gaps.append(round(float(logits[ours[parted]] - logits[theirs[parted]]), 3))
+    return gaps
 
 
 async def _served_tokens(served: Served, name: str) -> list[list[int]]:
@@ -62,7 +89,9 @@ async def test_export_writes_what_the_served_step_writes(
     export = export_step(trained, tmp_path / "out", format=fmt, gguf_type=gguf_type)  # type: ignore[arg-type]
     check = check_export(export, CHECK_PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
     assert check.ok, check.texts  # the export writes what peft writes with the checkpoint
-    assert [list(t) for t in check.export_tokens] == served_tokens  # ... and what vLLM serves
+    gaps = _gaps_where_they_part(export, [list(t) for t in check.export_tokens], served_tokens)
+    print(f"\n{fmt}: export and vLLM part at {len(gaps)} of {len(served_tokens)} prompts, logit gaps {gaps}")
+    assert all(gap < NEAR_TIE for gap in gaps), gaps  # ... and what vLLM serves, but for near-ties
     assert check.max_logit_diff <= tolerance
     if fmt == "gguf":
         assert export.main_file.suffix == ".gguf" and (export.path / "Modelfile").is_file()
