@@ -1,6 +1,6 @@
 """A served step exported as a merged Hugging Face folder and as GGUF, on both embedded families: each
-loads back (transformers; its GGUF loader) and greedily writes the very tokens vLLM serves for the
-step as ``name@step``. (Q8_0 is checked on tiny models in the unit tier; Qwen's cases are slow.)"""
+loads back (transformers; its GGUF loader) and greedily writes the tokens vLLM serves for the step
+as ``name@step``, but where two tokens are near-tied. (Q8_0 is checked on tiny models in the unit tier; Qwen's cases are slow.)"""
 
 from __future__ import annotations
 
