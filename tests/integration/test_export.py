@@ -24,10 +24,10 @@ NEAR_TIE = 0.5
 def trained(served: Served, tmp_path: Path) -> ModelStore:
     """A store whose step 1 is a random rank-8 adapter, small enough that the model still writes
     sentences (a garbled model's near-ties make any two numerics part ways) and large enough to
-    change them."""
+    change them (at scale 0.1 an Intel Xeon with AMX served the 135M's greedy tokens unchanged)."""
     store = ModelStore("exports", "agent", root=tmp_path / "root")
     with store.write_checkpoint(1) as folder:
-        make_adapter(served.model_dir, folder / "adapter", rank=8, seed=21, scale=0.1)
+        make_adapter(served.model_dir, folder / "adapter", rank=8, seed=21, scale=0.2)
         state = {"step": 1, "base_model": str(served.model_dir)}
         (folder / CHECKPOINT_STATE).write_text(json.dumps(state))
     return store
