@@ -8,6 +8,8 @@ the real router and gateway and is recorded, and a trained step's adapter is loa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -133,11 +135,11 @@ class Dying(Endpoint):
         return self.code
 
 
-async def test_wait_serving_holds_callers_until_the_watchdog_has_the_server_back(tmp_path: Path) -> None:
-    """What the demo waits on before sampling a step again after vLLM died under it."""
-    upstream = ScriptedUpstream(
-        replies=[Reply(body={}), Reply(body={})]
-    )  # the start's and the restart's probes
+@contextlib.asynccontextmanager
+async def _backend_of_dying_engines(tmp_path: Path) -> AsyncIterator[tuple[LocalBackend, list[Dying]]]:
+    """A LocalBackend whose servers are :class:`Dying` endpoints on one scripted upstream that
+    answers a start's and a restart's health probes; the endpoints it made, in order."""
+    upstream = ScriptedUpstream(replies=[Reply(body={}), Reply(body={})])
     thread = serve(upstream.app())
     made: list[Dying] = []
 
@@ -147,41 +149,34 @@ async def test_wait_serving_holds_callers_until_the_watchdog_has_the_server_back
 
     try:
         async with LocalBackend(root=tmp_path, engine=make, watch_interval=0.05) as backend:
-            model = jm.TrainableModel(name="agent", project="seam", base_model="smollm2-135m", root=tmp_path)
-            await model.register(backend)
-            (server,) = made
-            assert not backend.policy_down()
-            server.code = -9  # killed
-            assert backend.policy_down()
-            await asyncio.wait_for(backend.wait_serving(), 10)
-            assert not backend.policy_down() and backend.restarts == 1 and server.launches == 2
+            yield backend, made
     finally:
         thread.stop()
+
+
+async def test_wait_serving_holds_callers_until_the_watchdog_has_the_server_back(tmp_path: Path) -> None:
+    """What the demo waits on before sampling a step again after vLLM died under it."""
+    async with _backend_of_dying_engines(tmp_path) as (backend, made):
+        model = jm.TrainableModel(name="agent", project="seam", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        (server,) = made
+        assert not backend.policy_down()
+        server.code = -9  # killed
+        assert backend.policy_down()
+        await asyncio.wait_for(backend.wait_serving(), 10)
+        assert not backend.policy_down() and backend.restarts == 1 and server.launches == 2
 
 
 async def test_wait_serving_judges_holds_callers_until_the_judges_server_is_back(tmp_path: Path) -> None:
     """What the demo waits on before judging groups again whose judge died under them."""
-    upstream = ScriptedUpstream(
-        replies=[Reply(body={}), Reply(body={})]
-    )  # the start's and the restart's probes
-    thread = serve(upstream.app())
-    made: list[Dying] = []
-
-    def make(config: VLLMConfig, *, log_path: Path) -> Dying:
-        made.append(Dying(thread.base_url, config, log_path=log_path))
-        return made[-1]
-
     judge_dir = tmp_path / "judge-model"
     judge_dir.mkdir()
     (judge_dir / "config.json").write_text("{}")
-    try:
-        async with LocalBackend(root=tmp_path, engine=make, watch_interval=0.05) as backend:
-            judge = await backend.start_judge(str(judge_dir))
-            (server,) = made
-            assert judge.model == "judge-model" and not backend.judge_down()
-            server.code = -9  # killed
-            assert backend.judge_down() and not backend.policy_down()
-            await asyncio.wait_for(backend.wait_serving(judges=True), 10)
-            assert not backend.judge_down() and backend.judge_restarts == 1 and server.launches == 2
-    finally:
-        thread.stop()
+    async with _backend_of_dying_engines(tmp_path) as (backend, made):
+        judge = await backend.start_judge(str(judge_dir))
+        (server,) = made
+        assert judge.model == "judge-model" and not backend.judge_down()
+        server.code = -9  # killed
+        assert backend.judge_down() and not backend.policy_down()
+        await asyncio.wait_for(backend.wait_serving(judges=True), 10)
+        assert not backend.judge_down() and backend.judge_restarts == 1 and server.launches == 2
