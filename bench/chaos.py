@@ -259,6 +259,7 @@ def run(
                 upcoming is not None
                 and capped is None
                 and not ending
+                and not open_faults  # one fault at a time: each one's outcome and time are its own
                 and progress.trained >= upcoming.step
                 and progress.phase == upcoming.phase
                 and now - phase_time >= upcoming.delay
