@@ -62,7 +62,8 @@ class Fault:
     phase: str
     """...in this phase of the next step (its first chance when missed)..."""
     delay: float
-    """...this many seconds into it (``rollouts``; a fraction of a second for the others)."""
+    """...this many seconds into it (``rollouts``; the others at once: a step whose groups have no
+    reward spread trains nothing, and its ``train`` phase is only the checkpoint write)."""
     injected_at: float | None = None
     recovered_after: float | None = None
     """Seconds from the fault to the next completed step (None: the run ended first)."""
@@ -85,14 +86,18 @@ class ChaosRun:
 
 
 def plan(faults: int, steps: int, kinds: list[str], seed: int, max_delay: float) -> list[Fault]:
-    """``faults`` faults, kinds in turn, at steps drawn from the seed in 0..steps-1 (in order)."""
+    """``faults`` faults, kinds in turn, at steps drawn from the seed in 0..steps-1 (in order),
+    each at a step of its own while there are steps enough (faults at one step wait for each other)."""
     rng = random.Random(seed)
-    at = sorted(rng.randrange(steps) for _ in range(faults))
+    if faults <= steps:
+        at = sorted(rng.sample(range(steps), faults))
+    else:
+        at = sorted(rng.randrange(steps) for _ in range(faults))
     planned = []
     for i, step in enumerate(at):
         kind = kinds[i % len(kinds)]
         phase = FIXED_PHASE.get(kind) or rng.choice(PHASES)
-        planned.append(Fault(kind, step, phase, rng.uniform(0, max_delay if phase == "rollouts" else 0.5)))
+        planned.append(Fault(kind, step, phase, rng.uniform(0, max_delay) if phase == "rollouts" else 0.0))
     return planned
 
 
@@ -275,7 +280,8 @@ def run(
                 open_faults.append(upcoming)
                 capped = upcoming if upcoming.kind == "memory" else None
                 ending = upcoming.kind in ("kill", "interrupt")
-            time.sleep(0.1)
+            # A train or deploy phase can be a tenth of a second long: look often while one is next.
+            time.sleep(0.1 if upcoming is None or upcoming.phase == "rollouts" else 0.01)
     finally:
         _stop_group(demo)
     for fault in pending:

@@ -13,9 +13,9 @@ from bench.chaos import plan, run, table
 from journeyman.backend.app.calculator import make_scenarios
 from journeyman.backend.models import prepare_model
 
-STEPS = 5
+STEPS = 6
 KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
-DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "10",
+DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "12",
         "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--no-zero-shot-eval",
         "--max-train-minutes", "600", "--name", "chaos"]  # fmt: skip
 JUDGE = ["--judge", "ruler", "--judge-anyway", "--reward-weight", "1", "--no-gradient-checkpointing"]
@@ -30,7 +30,8 @@ def _question(group: jm.TrajectoryGroup) -> str:
 
 
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
-    faults = plan(len(KINDS), STEPS - 1, KINDS, seed=0, max_delay=4.0)  # vLLM and the demo killed in training
+    # A fault at each of steps 1-5 (vLLM and the demo killed in training), the 6th step to spare.
+    faults = plan(len(KINDS), STEPS - 1, KINDS, seed=0, max_delay=4.0)
     judge = ["--judge-model", str(prepare_model("smollm2-135m"))]
     chaos = run(
         [*DEMO, *JUDGE, *judge, "--root", str(tmp_path)],
@@ -47,7 +48,7 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert outcome["vllm"] == outcome["judge"] == "carried on", table(chaos)
     assert chaos.report["before"]["step"] == 0 and chaos.report["after"]["step"] == STEPS
     store = jm.ModelStore("demo", "chaos", root=tmp_path)
-    questions = [s.question for s in make_scenarios(10, seed=0)]  # the demo's order (no shuffle)
+    questions = [s.question for s in make_scenarios(12, seed=0)]  # the demo's order (no shuffle)
     for step in range(STEPS):  # each step asked what an uninterrupted run asks, in that order
         assert [_question(g) for g in store.load_groups("train", step)] == questions[2 * step : 2 * step + 2]
     assert [_question(g) for g in store.load_groups("val", 0)] == [
