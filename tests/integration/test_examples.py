@@ -183,12 +183,21 @@ async def test_openai_agents_example_trains_one_step(backend: Any, tokenizer: An
     await check_trained_and_served(backend, summary)
     groups = summary["groups"][0]
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
-    for trajectory in (t for g in groups for t in g):
+    trajectories = [t for g in groups for t in g]
+    for trajectory in trajectories:
         assert trajectory.reward in (0.0, 0.1, 1.0) and trajectory.metrics["tracer_errors"] == 0
-        # The Triage hands off on its first call (it must call a tool, and has only the handoff).
-        assert trajectory.name == "Triage" and trajectory.metrics["handoffs"] == 1
-        assert [h.name for h in trajectory.additional_histories] == ["Calculator"]
-        assert trajectory.metrics["calls_without_tokens"] == 0
+        assert trajectory.name == "Triage" and trajectory.metrics["calls_without_tokens"] == 0
+        # The Triage's first call must call a tool, and the handoff is its only one; but vLLM's
+        # grammar for a forced call lets the JSON hold any whitespace, and the 135M ran out of
+        # max_tokens inside the call in 4 of 48 runs (3 of them spent on whitespace): no handoff.
+        handed = [h.name for h in trajectory.additional_histories]
+        assert handed == ["Calculator"] * int(trajectory.metrics["handoffs"])
+        if not handed:
+            [turn] = trajectory.model_turns
+            record = backend.records.get(turn.completion_id)
+            assert record is not None and record.choices[0].finish_reason == "length"
+    assert any(t.metrics["handoffs"] == 1 for t in trajectories)  # the handoff captured
+    for trajectory in trajectories:
         check_sampled_by_base(trajectory)
         for history in trajectory.histories:
             check_token_exact(history, backend.gateway, tokenizer)
