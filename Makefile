@@ -11,7 +11,7 @@ setup:  ## main environment, vLLM environment, embedded model
 test: setup  ## unit, integration (real model, real vLLM environment), faults; all but the slow tier
 	$(PY) -m pytest tests -q -m "not slow" -rs --durations=40  # -rs: each skip and its reason, at the end
 
-test-slow: setup  ## the longest end-to-end runs (Qwen demo, RULER demo, merged Qwen, memory hand-back)
+test-slow: setup  ## the longest end-to-end runs (Qwen demo, RULER demo, merged Qwen, memory hand-back, short chaos run)
 	$(PY) -m pytest tests -q -m slow --durations=10
 
 test-unit: setup

@@ -280,8 +280,9 @@ def run(
                 open_faults.append(upcoming)
                 capped = upcoming if upcoming.kind == "memory" else None
                 ending = upcoming.kind in ("kill", "interrupt")
-            # A train or deploy phase can be a tenth of a second long: look often while one is next.
-            time.sleep(0.1 if upcoming is None or upcoming.phase == "rollouts" else 0.01)
+            # A train or deploy phase can be a tenth of a second long: look often once one is due.
+            near = upcoming is not None and upcoming.phase != "rollouts" and progress.trained >= upcoming.step
+            time.sleep(0.01 if near else 0.1)
     finally:
         _stop_group(demo)
     for fault in pending:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import journeyman as jm
 from bench.chaos import plan, run, table
 from journeyman.backend.app.calculator import make_scenarios
@@ -29,6 +31,7 @@ def _question(group: jm.TrajectoryGroup) -> str:
     return question
 
 
+@pytest.mark.slow  # 9 minutes: `make test-slow` (and CI) run it
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     # A fault at each of steps 1-5 (vLLM and the demo killed in training), the 6th step to spare.
     faults = plan(len(KINDS), STEPS - 1, KINDS, seed=0, max_delay=4.0)
