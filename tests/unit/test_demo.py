@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend.app.calculator import Scenario, make_scenarios, score, worked_plan
-from journeyman.backend.app.demo import DemoConfig, run_demo
+from journeyman.backend.app.demo import DemoConfig, rollout_seed, run_demo
 from journeyman.backend.app.demo_report import summarize
 from journeyman.backend.app.plots import plot_demo
 from journeyman.backend.serving.vllm import free_port
@@ -45,6 +48,24 @@ def test_scenarios_are_seeded_split_and_out_of_the_models_head() -> None:
     for s in train:
         assert str(s.a) in s.question and str(s.b) in s.question
         assert s.answer == (s.a + s.b if s.op == "add" else s.a * s.b) and s.answer > 100
+
+
+def test_each_rollout_has_a_seed_of_its_own_that_a_rerun_draws_again() -> None:
+    draws = [
+        (run, draw, q, k)
+        for run in (0, 1)
+        for draw in ("step 0", "step 1", "val")
+        for q in range(4)
+        for k in range(8)
+    ]
+    seeds = [rollout_seed(*d) for d in draws]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**31 for s in seeds)
+    assert seeds == [rollout_seed(*d) for d in draws]
+    # Another process with other string hashes (a resumed run) draws the same seeds.
+    code = "from journeyman.backend.app.demo import rollout_seed; print(rollout_seed(0, 'step 0', 3, 5))"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert int(other.stdout) == rollout_seed(0, "step 0", 3, 5)
 
 
 def test_right_call_then_right_answer_succeeds() -> None:
