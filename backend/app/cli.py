@@ -273,7 +273,7 @@ def demo(
     zero_shot_eval: Annotated[
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
-    seed: Annotated[int, typer.Option(help="Seed for the questions and training.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for the questions, each rollout's sampling, training.")] = 0,
     merge_adapters: Annotated[
         bool | None,
         typer.Option(
