@@ -211,9 +211,16 @@ def _lift(demo: subprocess.Popen[bytes]) -> None:
 
 
 def run(
-    demo_args: list[str], run_dir: Path, faults: list[Fault], timeout: float, stall: float = 900.0
+    demo_args: list[str],
+    run_dir: Path,
+    faults: list[Fault],
+    timeout: float,
+    stall: float = 900.0,
+    steps: int | None = None,
 ) -> ChaosRun:
-    """The demo with ``faults`` injected, resumed until it finishes; then ``journeyman check``."""
+    """The demo with ``faults`` injected, resumed until it finishes; then ``journeyman check``.
+    A fault that slipped past the last of ``steps`` (its step's phase was over before its delay)
+    is not injected into the evaluation after training: "the run ended first"."""
     chaos = ChaosRun(run_dir, faults)
     log = run_dir.parent / f"{run_dir.name}.chaos.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -266,6 +273,7 @@ def run(
                 and not ending
                 and not open_faults  # one fault at a time: each one's outcome and time are its own
                 and progress.trained >= upcoming.step
+                and (steps is None or progress.trained < steps)
                 and progress.phase == upcoming.phase
                 and now - phase_time >= upcoming.delay
                 # rollouts: once this process samples the steps (not while vLLM starts or evaluates first)
@@ -351,7 +359,7 @@ def main() -> None:
     demo_args = ["--steps", str(args.steps), "--name", args.name, "--root", str(args.root),
                  "--seed", str(args.seed), "--max-train-minutes", "600", *args.demo_args]  # fmt: skip
     faults = plan(args.faults, args.steps, args.plan.split(","), args.seed, args.max_delay)
-    chaos = run(demo_args, args.root / "demo" / args.name, faults, args.timeout, args.stall)
+    chaos = run(demo_args, args.root / "demo" / args.name, faults, args.timeout, args.stall, args.steps)
     print(table(chaos))
     if not chaos.check_ok:
         print(chaos.check_output)

@@ -42,6 +42,7 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
         faults,
         timeout=1500,
         stall=300,
+        steps=STEPS,
     )
     print(table(chaos))
     assert [f.kind for f in faults if f.injected_at is not None] == KINDS, table(chaos)
