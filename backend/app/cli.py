@@ -274,6 +274,9 @@ def demo(
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed for the questions, each rollout's sampling, training.")] = 0,
+    sampling_seed: Annotated[
+        int | None, typer.Option(help="Seed for the rollouts' sampling alone (default: --seed).")
+    ] = None,
     merge_adapters: Annotated[
         bool | None,
         typer.Option(
@@ -331,7 +334,7 @@ def demo(
         judge_method=judge_method, judge_anyway=judge_anyway, judge_reference=judge_reference,  # type: ignore[arg-type]
         judge_reward=judge_reward,  # type: ignore[arg-type]
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
-        seed=seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
+        seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share,
     )  # fmt: skip
     run_demo(config)

@@ -218,6 +218,7 @@ class Demo:
         meanwhile. Each rollout samples with a seed of its own from ``draw`` (the step, or the
         held-out set), so a step sampled again, resumed or rerun with the run's seed draws the same."""
         backend, attempt, c = self.backend, 1, self.config
+        sampling = c.seed if c.sampling_seed is None else c.sampling_seed
         assert backend is not None, "sampling needs the servers running (Demo.run)"
         while True:
             restarts = backend.restarts
@@ -226,7 +227,7 @@ class Demo:
                     (
                         jm.TrajectoryGroup(
                             rollout(
-                                self._agent(model, shots, temperature, rollout_seed(c.seed, draw, i, k)),
+                                self._agent(model, shots, temperature, rollout_seed(sampling, draw, i, k)),
                                 s,
                                 shaping=c.shaping,
                                 records=self.records,

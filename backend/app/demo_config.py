@@ -78,6 +78,9 @@ class DemoConfig:
     langfuse: bool = False
     """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
     seed: int = 0
+    sampling_seed: int | None = None
+    """Seeds each rollout's sampling apart from ``seed`` (which keeps the questions and training):
+    the same run, sampled otherwise. None: ``seed``."""
     merge_adapters: bool | None = None
     """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU).
     None: only for SmolLM2. A server without LoRA compiles its graphs at every start on CPU

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -111,3 +112,22 @@ def test_demo_resume_needs_a_run_folder_and_takes_its_settings(tmp_path: Path) -
     assert config == DemoConfig(
         steps=7, group_size=4, seed=3, root=run_dir.parents[1].resolve(), name="calc-1"
     )
+
+
+def test_demo_sampling_seed_reaches_the_config_and_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journeyman.backend.app import demo
+    from journeyman.backend.app.demo import CONFIG_FILE, resume_config
+
+    seen: list[Any] = []
+    monkeypatch.setattr(demo, "run_demo", lambda config, **_: seen.append(config))
+    result = runner.invoke(app, ["demo", "--seed", "3", "--sampling-seed", "7", "--name", "s"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].seed, seen[0].sampling_seed) == (3, 7)
+    runner.invoke(app, ["demo", "--seed", "3", "--name", "s"])
+    assert seen[1].sampling_seed is None  # the rollouts then sample with --seed
+    run_dir = tmp_path / "demo" / "s"
+    run_dir.mkdir(parents=True)
+    (run_dir / CONFIG_FILE).write_text(json.dumps({"name": "s", "seed": 3, "sampling_seed": 7}))
+    assert resume_config(run_dir).sampling_seed == 7
