@@ -60,6 +60,8 @@ def register() -> None:
 
 def _discarded(runner: Any) -> Iterator[tuple[int, Any]]:
     """(batch row, generator) of each seeded request whose sampled token this step throws away."""
+    if not runner.input_batch.generators:  # no seeded request in the batch: the usual step
+        return
     rows = runner.discard_request_mask.np[: runner.input_batch.num_reqs].nonzero()[0]
     for row in rows.tolist():
         generator = runner.input_batch.generators.get(row)
