@@ -63,7 +63,8 @@ class Fault:
     """...in this phase of the next step (its first chance when missed)..."""
     delay: float
     """...this many seconds into it (``rollouts``; the others at once: a step whose groups have no
-    reward spread trains nothing, and its ``train`` phase is only the checkpoint write)."""
+    reward spread trains nothing, and its ``train`` phase is only the checkpoint write). A fault
+    whose phase ended before its delay is injected at once at its next chance."""
     injected_at: float | None = None
     recovered_after: float | None = None
     """Seconds from the fault to the next completed step (None: the run ended first)."""
@@ -233,6 +234,7 @@ def run(
     capped: Fault | None = None
     ending = False  # a kill or Ctrl-C was sent: the next fault waits for the process that resumes
     open_faults: list[Fault] = []
+    waiting: Fault | None = None  # due but for its delay when last looked
     try:
         while True:
             assert time.monotonic() - started < timeout, f"the chaos run passed {timeout:.0f} s (log: {log})"
@@ -249,6 +251,8 @@ def run(
                     _lift(demo)
                     capped = None
             if progress.phase != phase:
+                if waiting is not None and waiting.phase == phase:  # its phase ended before its delay:
+                    waiting.delay = 0.0  # the next chance comes at once (a fast machine's steps are short)
                 phase, phase_time = progress.phase, now
             code = demo.poll()
             if code == 0:
@@ -264,10 +268,10 @@ def run(
                 sampled_before = _size(records)
                 demo = _start(["--resume", str(run_dir)], log)
                 step_time = phase_time = time.monotonic()  # delays count from the restart
-                phase = "rollouts"
+                phase, waiting = "rollouts", None
                 continue
             upcoming = pending[0] if pending else None
-            due = (
+            ready = (
                 upcoming is not None
                 and capped is None
                 and not ending
@@ -275,13 +279,14 @@ def run(
                 and progress.trained >= upcoming.step
                 and (steps is None or progress.trained < steps)
                 and progress.phase == upcoming.phase
-                and now - phase_time >= upcoming.delay
                 # rollouts: once this process samples the steps (not while vLLM starts or evaluates first)
                 and (
                     upcoming.phase != "rollouts"
                     or (_size(records) > sampled_before and (run_dir / BEFORE).exists())
                 )
             )
+            waiting = upcoming if ready else None
+            due = ready and upcoming is not None and now - phase_time >= upcoming.delay
             if upcoming is not None and due and _inject(upcoming, demo):
                 pending.pop(0)
                 upcoming.injected_at, upcoming.step = time.monotonic(), progress.trained

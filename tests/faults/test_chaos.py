@@ -15,9 +15,9 @@ from bench.chaos import plan, run, table
 from journeyman.backend.app.calculator import make_scenarios
 from journeyman.backend.models import prepare_model
 
-STEPS = 6
+STEPS = 8
 KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
-DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "12",
+DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "16",
         "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--no-zero-shot-eval",
         "--max-train-minutes", "600", "--name", "chaos"]  # fmt: skip
 JUDGE = ["--judge", "ruler", "--judge-anyway", "--reward-weight", "1", "--no-gradient-checkpointing"]
@@ -31,10 +31,11 @@ def _question(group: jm.TrajectoryGroup) -> str:
     return question
 
 
-@pytest.mark.slow  # 9 minutes: `make test-slow` (and CI) run it
+@pytest.mark.slow  # 6 minutes: `make test-slow` (and CI) run it
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
-    # A fault at each of steps 1-5 (vLLM and the demo killed in training), the 6th step to spare.
-    faults = plan(len(KINDS), STEPS - 1, KINDS, seed=0, max_delay=4.0)
+    # A fault at each of steps 1-5 (vLLM and the demo killed in training), three steps to spare: a
+    # step of this run samples for a second or two, and a fault that misses its step takes the next.
+    faults = plan(len(KINDS), len(KINDS), KINDS, seed=0, max_delay=1.0)
     judge = ["--judge-model", str(prepare_model("smollm2-135m"))]
     chaos = run(
         [*DEMO, *JUDGE, *judge, "--root", str(tmp_path)],
@@ -52,7 +53,7 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert outcome["vllm"] == outcome["judge"] == "carried on", table(chaos)
     assert chaos.report["before"]["step"] == 0 and chaos.report["after"]["step"] == STEPS
     store = jm.ModelStore("demo", "chaos", root=tmp_path)
-    questions = [s.question for s in make_scenarios(12, seed=0)]  # the demo's order (no shuffle)
+    questions = [s.question for s in make_scenarios(16, seed=0)]  # the demo's order (no shuffle)
     for step in range(STEPS):  # each step asked what an uninterrupted run asks, in that order
         assert [_question(g) for g in store.load_groups("train", step)] == questions[2 * step : 2 * step + 2]
     assert [_question(g) for g in store.load_groups("val", 0)] == [
