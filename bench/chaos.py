@@ -65,6 +65,8 @@ class Fault:
     """...this many seconds into it (``rollouts``; the others at once: a step whose groups have no
     reward spread trains nothing, and its ``train`` phase is only the checkpoint write). A fault
     whose phase ended before its delay is injected at once at its next chance."""
+    planned_step: int = -1
+    """The step the plan drew (``step`` becomes the step it went in at)."""
     injected_at: float | None = None
     recovered_after: float | None = None
     """Seconds from the fault to the next completed step (None: the run ended first)."""
@@ -98,7 +100,8 @@ def plan(faults: int, steps: int, kinds: list[str], seed: int, max_delay: float)
     for i, step in enumerate(at):
         kind = kinds[i % len(kinds)]
         phase = FIXED_PHASE.get(kind) or rng.choice(PHASES)
-        planned.append(Fault(kind, step, phase, rng.uniform(0, max_delay) if phase == "rollouts" else 0.0))
+        delay = rng.uniform(0, max_delay) if phase == "rollouts" else 0.0
+        planned.append(Fault(kind, step, phase, delay, planned_step=step))
     return planned
 
 
@@ -324,8 +327,9 @@ def table(chaos: ChaosRun) -> str:
         done = fault.recovered_after
         recovered = f"{done:.0f}" if done is not None else "-"
         lost = f"{max(done - usual, 0):.0f}" if done is not None and usual == usual else "-"
+        slipped = f" (planned {fault.planned_step + 1})" if fault.step != fault.planned_step else ""
         lines.append(
-            f"| {fault.kind} | {fault.phase} | {fault.step + 1} | {fault.outcome} | {recovered} | {lost} |"
+            f"| {fault.kind} | {fault.phase} | {fault.step + 1}{slipped} | {fault.outcome} | {recovered} | {lost} |"
         )
     lines += ["", "| fault kind | injected | resumes it took | s lost, mean |", "|---|---|---|---|"]
     for kind in dict.fromkeys(f.kind for f in chaos.faults):
@@ -353,7 +357,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument(
-        "--max-delay", type=float, default=20.0, help="latest moment into a step's rollouts, s"
+        "--max-delay", type=float, default=4.0, help="latest moment into a step's rollouts, s"
     )
     parser.add_argument("--root", type=Path, default=Path(".journeyman-chaos"))
     parser.add_argument("--name", default="chaos")

@@ -12,6 +12,7 @@ def test_faults_take_steps_of_their_own_while_there_are_steps_enough(seed: int) 
     faults = plan(10, 26, list(KINDS), seed=seed, max_delay=8.0)
     assert [f.kind for f in faults] == [*KINDS, *KINDS]  # kinds in turn
     steps = [f.step for f in faults]
+    assert [f.planned_step for f in faults] == steps  # kept when a fault slips to a later step
     assert steps == sorted(steps) and len(set(steps)) == 10 and all(0 <= s < 26 for s in steps)
     for fault in faults:
         assert fault.phase == FIXED_PHASE.get(fault.kind, fault.phase)
