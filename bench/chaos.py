@@ -65,13 +65,16 @@ class Fault:
     """...this many seconds into it (``rollouts``; the others at once: a step whose groups have no
     reward spread trains nothing, and its ``train`` phase is only the checkpoint write). A fault
     whose phase ended before its delay is injected at once at its next chance."""
-    planned_step: int = -1
+    planned_step: int = field(init=False)
     """The step the plan drew (``step`` becomes the step it went in at)."""
     injected_at: float | None = None
     recovered_after: float | None = None
     """Seconds from the fault to the next completed step (None: the run ended first)."""
     outcome: str = ""
     """What followed: the demo carried on, exited (and was resumed), or the run ended first."""
+
+    def __post_init__(self) -> None:
+        self.planned_step = self.step
 
 
 @dataclass
@@ -101,7 +104,7 @@ def plan(faults: int, steps: int, kinds: list[str], seed: int, max_delay: float)
         kind = kinds[i % len(kinds)]
         phase = FIXED_PHASE.get(kind) or rng.choice(PHASES)
         delay = rng.uniform(0, max_delay) if phase == "rollouts" else 0.0
-        planned.append(Fault(kind, step, phase, delay, planned_step=step))
+        planned.append(Fault(kind, step, phase, delay))
     return planned
 
 
