@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -121,7 +122,25 @@ class VLLMServer:
             cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
         if c.data_parallel_size != 1:
             cmd += ["--data-parallel-size", str(c.data_parallel_size)]
+        if self.single_process:
+            cmd += ["--distributed-executor-backend", "uni"]
         return cmd + list(c.extra_args)
+
+    @property
+    def single_process(self) -> bool:
+        """CPU, one worker: the model runs inside vLLM's engine process instead of a worker process
+        of its own. Measured here (SmolLM2-135M, 2 cores): ready in 20 s instead of 32 s (one
+        import of vLLM fewer) and 35-50% more tokens/s at 8-16 concurrent requests (no hand-off
+        between the two processes each step); the cores are bound by affinity instead of by vLLM."""
+        c = self.config
+        return self.device == "cpu" and c.tensor_parallel_size == 1 and c.data_parallel_size == 1
+
+    def cores(self) -> set[int] | None:
+        """The cores a single-process CPU server is bound to (``cpu_cores``), None to leave it free."""
+        if not self.single_process or self.config.cpu_cores == "auto" or not hasattr(os, "sched_getaffinity"):
+            return None
+        cores = _parse_cores(self.config.cpu_cores) & os.sched_getaffinity(0)
+        return cores or None
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -146,6 +165,12 @@ class VLLMServer:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
             if not (self.lora and self.config.cpu_lora_plugin):
                 env["JOURNEYMAN_CPU_LORA"] = "0"
+            if self.single_process:
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets vLLM-CPU take the "uni" executor
+                if cores := self.cores():
+                    env["OMP_NUM_THREADS"] = str(len(cores))  # else vLLM serves on one thread
+                else:
+                    env.pop("OMP_NUM_THREADS", None)
         if self.config.merge_adapters:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights, /reset_prefix_cache
         env.update(self.config.env)
@@ -175,7 +200,7 @@ class VLLMServer:
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_prepare_child, self.cores()),
             )
 
     def wait_healthy(self, timeout: float | None = None) -> None:
@@ -303,12 +328,29 @@ class VLLMServer:
         return response
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: on Linux, get SIGTERM when the parent dies (no orphaned servers)."""
+def _prepare_child(cores: set[int] | None) -> None:
+    """In the child before exec: on Linux, get SIGTERM when the parent dies (no orphaned servers),
+    and keep to ``cores`` (inherited by vLLM's engine process)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
             libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def _parse_cores(spec: str) -> set[int]:
+    """``"0"``, ``"0-3"``, ``"0,2-3"`` -> the set of core ids (``VLLM_CPU_OMP_THREADS_BIND``'s form)."""
+    cores: set[int] = set()
+    try:
+        for part in spec.replace("|", ",").split(","):
+            first, _, last = part.strip().partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ConfigError(
+            f"cpu_cores={spec!r} is not a list of cores: write it as '0', '0-3' or '0,2-3'"
+        ) from None
+    return cores
 
 
 def _error_message(response: httpx.Response) -> str:

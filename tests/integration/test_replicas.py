@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +51,10 @@ async def test_rollouts_stick_to_one_replica_and_adapters_load_on_both(
     router = Router(replicas)
     records = RecordLog(tmp_path / "records.jsonl")
     adapter = make_adapter(model_dir, tmp_path / "adapter")
+    for core, server in enumerate(replicas.servers):  # each on its core, its engine process too
+        assert server.pid is not None
+        engines = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        assert engines and all(os.sched_getaffinity(int(pid)) == {core} for pid in [server.pid, *engines])
     with GatewayThread(Gateway(router, records)) as gateway:
         await router.deploy("agent", adapter, 1)
         for server in replicas.servers:

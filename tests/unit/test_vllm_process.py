@@ -1,0 +1,55 @@
+"""How a vLLM server is launched on CPU: one engine process, bound to its cores by affinity."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer, _parse_cores
+from journeyman.errors import ConfigError
+
+
+def _server(tmp_path: Path, **settings: object) -> VLLMServer:
+    return VLLMServer(VLLMConfig(model=tmp_path, port=1, **settings), log_path=tmp_path / "log")  # type: ignore[arg-type]
+
+
+def test_a_cpu_server_runs_its_model_in_the_engine_process_on_its_cores(tmp_path: Path) -> None:
+    server = _server(tmp_path, device="cpu", cpu_cores="0")
+    command, env = server.command(), server.environment()
+    assert command[command.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert server.cores() == {0} and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_auto_cores_leave_the_server_unbound_and_drop_an_inherited_thread_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    server = _server(tmp_path, device="cpu")
+    assert server.cores() is None and "OMP_NUM_THREADS" not in server.environment()
+
+
+def test_cores_this_process_may_not_use_are_left_out(tmp_path: Path) -> None:
+    allowed = os.sched_getaffinity(0)
+    server = _server(tmp_path, device="cpu", cpu_cores=f"0-{max(allowed) + 4}")
+    assert server.cores() == allowed
+    assert _server(tmp_path, device="cpu", cpu_cores=f"{max(allowed) + 1}").cores() is None
+
+
+@pytest.mark.parametrize("settings", [{"device": "cuda"}, {"device": "cpu", "tensor_parallel_size": 2}])
+def test_gpu_and_several_workers_keep_vllm_s_own_executor(
+    tmp_path: Path, settings: dict[str, object]
+) -> None:
+    server = _server(tmp_path, cpu_cores="0", **settings)
+    assert "--distributed-executor-backend" not in server.command() and server.cores() is None
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server.environment()
+
+
+def test_core_lists_parse_as_vllm_writes_them() -> None:
+    assert _parse_cores("3") == {3}
+    assert _parse_cores("0-3") == {0, 1, 2, 3}
+    assert _parse_cores("0, 2-3") == {0, 2, 3}
+    with pytest.raises(ConfigError, match="'0-3' or '0,2-3'"):
+        _parse_cores("first")
