@@ -1,7 +1,8 @@
 """Rollout throughput: completions through the gateway vs Hugging Face ``generate`` batch 8.
 
 The same 32 prompts, each answered with exactly 64 new tokens (``ignore_eos``), at 8 and 32
-concurrent requests through the gateway; then, with the server stopped, HF ``generate`` in
+concurrent requests through the gateway, with the model in vLLM's engine process (the default on
+CPU) and in a worker process of its own, and the seconds each server took to start; then, with the server stopped, HF ``generate`` in
 batches of 8 with both cores. Target: >= 5x HF generate.
 """
 
@@ -81,27 +82,33 @@ async def measure(cpu_cores: list[str], repeats: int) -> str:
     model_dir = None
     for cores in cpu_cores:
         reserved = 0 if cores != "auto" else None
-        with serving_stack(served_name="base", cpu_cores=cores, reserved_cpus=reserved) as stack:
-            model_dir = stack.model_dir
-            await through_gateway(stack.gateway.base_url, 8, 1)  # warm-up
-            for concurrency in (8, 32):
-                rate = await through_gateway(stack.gateway.base_url, concurrency, repeats)
-                rows.append((f"gateway -> vLLM, {concurrency} concurrent (cores: {cores})", f"{rate:.0f}"))
+        for single in (True, False):  # the model in vLLM's engine process, or in a worker of its own
+            how = f"cores: {cores}, {'engine process' if single else 'worker process'}"
+            start = time.perf_counter()
+            with serving_stack(
+                served_name="base", cpu_cores=cores, reserved_cpus=reserved, cpu_single_process=single
+            ) as stack:
+                ready = time.perf_counter() - start
+                model_dir = stack.model_dir
+                await through_gateway(stack.gateway.base_url, 8, 1)  # warm-up
+                for concurrency in (8, 32):
+                    rate = await through_gateway(stack.gateway.base_url, concurrency, repeats)
+                    rows.append(
+                        (f"gateway -> vLLM, {concurrency} concurrent ({how})", f"{rate:.0f}", f"{ready:.0f}")
+                    )
     hf = hf_generate(model_dir, batch=8, threads=2)
-    rows.append(("HF generate, batch 8, bf16, 2 threads", f"{hf:.0f}"))
-    rows = [(name, rate, f"{float(rate) / hf:.2f}x") for name, rate in rows]
+    rows.append(("HF generate, batch 8, bf16, 2 threads", f"{hf:.0f}", ""))
+    rows = [(name, rate, f"{float(rate) / hf:.2f}x", ready) for name, rate, ready in rows]
     return (
         f"### Rollout throughput ({len(PROMPTS)} prompts x {TOKENS} new tokens, x{repeats}; {machine()})\n\n"
-        + table(["how", "tokens/s", "vs HF generate"], rows)
+        + table(["how", "tokens/s", "vs HF generate", "s to start"], rows)
         + "\n"
     )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--cpu-cores", nargs="+", default=["auto", "0-1"], help="VLLM_CPU_OMP_THREADS_BIND values"
-    )
+    parser.add_argument("--cpu-cores", nargs="+", default=["auto", "0-1"], help="VLLMConfig.cpu_cores values")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     print(asyncio.run(measure(args.cpu_cores, args.repeats)))

@@ -38,8 +38,15 @@ def test_cores_this_process_may_not_use_are_left_out(tmp_path: Path) -> None:
     assert _server(tmp_path, device="cpu", cpu_cores=f"{max(allowed) + 1}").cores() is None
 
 
-@pytest.mark.parametrize("settings", [{"device": "cuda"}, {"device": "cpu", "tensor_parallel_size": 2}])
-def test_gpu_and_several_workers_keep_vllm_s_own_executor(
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"device": "cuda"},
+        {"device": "cpu", "tensor_parallel_size": 2},
+        {"device": "cpu", "cpu_single_process": False},
+    ],
+)
+def test_gpu_several_workers_or_a_choice_keep_vllm_s_own_executor(
     tmp_path: Path, settings: dict[str, object]
 ) -> None:
     server = _server(tmp_path, cpu_cores="0", **settings)
