@@ -31,7 +31,7 @@ def _question(group: jm.TrajectoryGroup) -> str:
     return question
 
 
-@pytest.mark.slow  # 6 to 9 minutes: `make test-slow` (and CI) run it
+@pytest.mark.slow  # about 6 minutes: `make test-slow` (and CI) run it
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     # A fault at each of steps 1-5 (vLLM and the demo killed in training), three steps to spare: a
     # step of this run samples for a second or two, and a fault that misses its step takes the next.

@@ -52,7 +52,7 @@ def _tokenizer(model_dir: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """The real vLLM server with the embedded model (40-70 s to start on 2 cores). A 1 GiB KV cache
+    """The real vLLM server with the embedded model (20-25 s to start on 2 cores). A 1 GiB KV cache
     (about 23k tokens in fp32) holds what the tests run at once and leaves memory to the servers
     that tests start beside this one and Qwen's."""
     yield from _server(model_dir, SERVED_BASE, tmp_path_factory, kv_cache_gib=1)
