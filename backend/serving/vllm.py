@@ -144,6 +144,16 @@ class VLLMServer:
         cores = _parse_cores(self.config.cpu_cores) & os.sched_getaffinity(0)
         return cores or None
 
+    def threads(self) -> int:
+        """Inference threads of a single-process CPU server: one per bound core; with
+        ``cpu_cores="auto"``, as vLLM's own binding would take, every core but the reserved ones
+        (``reserved_cpus``, else one when there are several)."""
+        if cores := self.cores():
+            return len(cores)
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        reserved = self.config.reserved_cpus if self.config.reserved_cpus is not None else int(available > 1)
+        return max(1, available - reserved)
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -169,10 +179,7 @@ class VLLMServer:
                 env["JOURNEYMAN_CPU_LORA"] = "0"
             if self.single_process:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets vLLM-CPU take the "uni" executor
-                if cores := self.cores():
-                    env["OMP_NUM_THREADS"] = str(len(cores))  # else vLLM serves on one thread
-                else:
-                    env.pop("OMP_NUM_THREADS", None)
+                env["OMP_NUM_THREADS"] = str(self.threads())  # unset, vLLM would serve on one thread
         if self.config.merge_adapters:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights, /reset_prefix_cache
         env.update(self.config.env)

@@ -81,8 +81,8 @@ class VLLMConfig:
     threads; with ``cpu_single_process=False``, vLLM binds them, ``VLLM_CPU_OMP_THREADS_BIND``).
     Binding keeps vLLM from fighting the trainer for the same cores."""
     reserved_cpus: int | None = None
-    """CPU only, with ``cpu_single_process=False``: cores left for the API front end
-    (``VLLM_CPU_NUM_OF_RESERVED_CPU``)."""
+    """CPU only, with ``cpu_cores="auto"``: cores left for the API front end, not given inference
+    threads (``VLLM_CPU_NUM_OF_RESERVED_CPU``; None: one when there are several)."""
     cpu_single_process: bool = True
     """CPU only, one worker: run the model inside vLLM's engine process (its ``uni`` executor)
     rather than in a worker process of its own; starts in 20 s instead of 32 s and decodes 35-50%

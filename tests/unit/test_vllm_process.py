@@ -23,12 +23,16 @@ def test_a_cpu_server_runs_its_model_in_the_engine_process_on_its_cores(tmp_path
     assert server.cores() == {0} and env["OMP_NUM_THREADS"] == "1"
 
 
-def test_auto_cores_leave_the_server_unbound_and_drop_an_inherited_thread_count(
+def test_auto_cores_leave_the_server_unbound_on_every_core_but_the_reserved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the caller's own setting is not the server's
+    available = len(os.sched_getaffinity(0))
     server = _server(tmp_path, device="cpu")
-    assert server.cores() is None and "OMP_NUM_THREADS" not in server.environment()
+    assert server.cores() is None
+    assert server.environment()["OMP_NUM_THREADS"] == str(max(1, available - 1))
+    server = _server(tmp_path, device="cpu", reserved_cpus=0)
+    assert server.environment()["OMP_NUM_THREADS"] == str(available)
 
 
 def test_cores_this_process_may_not_use_are_left_out(tmp_path: Path) -> None:
