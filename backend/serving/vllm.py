@@ -129,10 +129,10 @@ class VLLMServer:
     @property
     def single_process(self) -> bool:
         """CPU, one worker (``cpu_single_process``): the model runs inside vLLM's engine process
-        instead of a worker process of its own. Measured here (SmolLM2-135M, 2 cores): ready in 20 s
-        instead of 32 s (one import of vLLM fewer) and 35-50% more tokens/s at 8-16 concurrent
-        requests (no hand-off between the two processes each step); the cores are bound by
-        affinity instead of by vLLM."""
+        instead of a worker process of its own. Measured here (SmolLM2-135M, 2 cores): ready in
+        18-20 s instead of 27-34 s (one import of vLLM fewer), and 2-50% more tokens/s at 8-32
+        concurrent requests (``bench/results.md``); the cores are bound by affinity instead of by
+        vLLM."""
         c = self.config
         one_worker = c.tensor_parallel_size == 1 and c.data_parallel_size == 1
         return self.device == "cpu" and c.cpu_single_process and one_worker

@@ -85,8 +85,8 @@ class VLLMConfig:
     threads (``VLLM_CPU_NUM_OF_RESERVED_CPU``; None: one when there are several)."""
     cpu_single_process: bool = True
     """CPU only, one worker: run the model inside vLLM's engine process (its ``uni`` executor)
-    rather than in a worker process of its own; starts in 20 s instead of 32 s and decodes 35-50%
-    more tokens/s at 8-16 concurrent requests here (``bench/results.md``)."""
+    rather than in a worker process of its own; here it starts in 18-20 s instead of 27-34 s and
+    decodes 2-50% more tokens/s at 8-32 concurrent requests (``bench/results.md``)."""
     merge_adapters: bool = False
     """Serve one trained model with each new adapter merged into the base weights, reloaded in
     place, instead of as a LoRA adapter (``backend/serving/merge.py``): vLLM runs without LoRA, which on
