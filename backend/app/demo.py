@@ -360,7 +360,7 @@ class Demo:
 
             LangfuseExporter(project=c.project, model=self.name).check()
         merge = self._merge()
-        self.console.print(f"starting vLLM with {c.base_model} (one to three minutes on 2 cores) ...")
+        self.console.print(f"starting vLLM with {c.base_model} (under a minute on 2 cores) ...")
         with start_viewer(model.store.root) if c.viewer else contextlib.nullcontext() as viewer:
             if viewer is not None:
                 self.console.print(f"viewer: {viewer.base_url}/runs/{c.project}/{self.name}")
