@@ -2,8 +2,8 @@
 
 The same 32 prompts, each answered with exactly 64 new tokens (``ignore_eos``), at 8 and 32
 concurrent requests through the gateway, with the model in vLLM's engine process (the default on
-CPU) and in a worker process of its own, and the seconds each server took to start; then, with the server stopped, HF ``generate`` in
-batches of 8 with both cores. Target: >= 5x HF generate.
+CPU) and in a worker process of its own, and the seconds each server took to start; then, with
+the server stopped, HF ``generate`` in batches of 8 with both cores. Target: >= 5x HF generate.
 """
 
 from __future__ import annotations
