@@ -37,6 +37,7 @@ from .serving.gateway import Gateway, GatewayThread, RecordLog
 from .serving.replicas import Replicas
 from .serving.router import Router
 from .serving.vllm import VLLMConfig, cuda_available
+from .serving.vllm_config import core_list
 from .training.trainer import Trainer
 
 __all__ = ["LocalBackend"]
@@ -448,10 +449,7 @@ class LocalBackend:
 
 def _share(cores: str, i: int, n: int) -> str:
     """Replica ``i`` of ``n``'s part of a core list like ``"0-3"`` or ``"0,2,4"`` (shared when too few)."""
-    listed: list[int] = []
-    for part in cores.split(","):
-        first, _, last = part.partition("-")
-        listed += range(int(first), int(last or first) + 1)
+    listed = core_list(cores)
     if len(listed) < n:
         return str(listed[i % len(listed)])
     per = len(listed) // n

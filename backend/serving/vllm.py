@@ -32,7 +32,7 @@ from journeyman.errors import AdapterError, BackendError, ConfigError, ServerSta
 
 from ..settings import vllm_python
 from .families import TOOL_PARSER_PLUGIN, serving_defaults
-from .vllm_config import PLUGIN_DIR, VLLMConfig, cpu_has_bf16, cuda_available, free_port
+from .vllm_config import PLUGIN_DIR, VLLMConfig, core_list, cpu_has_bf16, cuda_available, free_port
 
 __all__ = ["VLLMConfig", "VLLMServer", "cpu_has_bf16", "cuda_available", "free_port"]
 
@@ -141,7 +141,7 @@ class VLLMServer:
         """The cores a single-process CPU server is bound to (``cpu_cores``), None to leave it free."""
         if not self.single_process or self.config.cpu_cores == "auto" or not hasattr(os, "sched_getaffinity"):
             return None
-        cores = _parse_cores(self.config.cpu_cores) & os.sched_getaffinity(0)
+        cores = set(core_list(self.config.cpu_cores)) & os.sched_getaffinity(0)
         return cores or None
 
     def threads(self) -> int:
@@ -346,20 +346,6 @@ def _prepare_child(cores: set[int] | None) -> None:
             libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if cores:
         os.sched_setaffinity(0, cores)
-
-
-def _parse_cores(spec: str) -> set[int]:
-    """``"0"``, ``"0-3"``, ``"0,2-3"`` -> the set of core ids (``VLLM_CPU_OMP_THREADS_BIND``'s form)."""
-    cores: set[int] = set()
-    try:
-        for part in spec.replace("|", ",").split(","):
-            first, _, last = part.strip().partition("-")
-            cores.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise ConfigError(
-            f"cpu_cores={spec!r} is not a list of cores: write it as '0', '0-3' or '0,2-3'"
-        ) from None
-    return cores
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -10,7 +10,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["PLUGIN_DIR", "VLLMConfig", "cpu_has_bf16", "cuda_available", "free_port"]
+from journeyman.errors import ConfigError
+
+__all__ = ["PLUGIN_DIR", "VLLMConfig", "core_list", "cpu_has_bf16", "cuda_available", "free_port"]
+
+
+def core_list(spec: str) -> list[int]:
+    """``"0"``, ``"0-3"``, ``"0,2-3"`` -> the core ids in order (``VLLMConfig.cpu_cores``, the form of
+    ``VLLM_CPU_OMP_THREADS_BIND``; its ``|`` between ranks reads as a comma)."""
+    cores: list[int] = []
+    try:
+        for part in spec.replace("|", ",").split(","):
+            first, _, last = part.strip().partition("-")
+            cores += range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise ConfigError(
+            f"cpu_cores={spec!r} is not a list of cores: write it as '0', '0-3' or '0,2-3'"
+        ) from None
+    return cores
 
 
 def free_port(host: str = "127.0.0.1") -> int:

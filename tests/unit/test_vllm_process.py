@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer, _parse_cores
+from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
+from journeyman.backend.serving.vllm_config import core_list
 from journeyman.errors import ConfigError
 
 
@@ -59,8 +60,8 @@ def test_gpu_several_workers_or_a_choice_keep_vllm_s_own_executor(
 
 
 def test_core_lists_parse_as_vllm_writes_them() -> None:
-    assert _parse_cores("3") == {3}
-    assert _parse_cores("0-3") == {0, 1, 2, 3}
-    assert _parse_cores("0, 2-3") == {0, 2, 3}
+    assert core_list("3") == [3]
+    assert core_list("0-3") == [0, 1, 2, 3]
+    assert core_list("0, 2-3") == [0, 2, 3]
     with pytest.raises(ConfigError, match="'0-3' or '0,2-3'"):
-        _parse_cores("first")
+        core_list("first")
