@@ -65,6 +65,7 @@ class LocalBackend:
         replicas: int = 1,
         inference: bool = True,
         engine: str | Engine = "vllm",
+        dtype: str | None = None,
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {replicas}")
@@ -119,6 +120,11 @@ class LocalBackend:
         """False on a trainer-only machine: no local vLLM, each step goes to ``push_to``."""
         self.judge_servers: dict[str, InferenceServer] = {}
         """Judge models served by :meth:`start_judge`, by name; stopped with the backend."""
+        self.dtype = dtype
+        """vLLM's ``--dtype`` for every server this backend starts, the policy's and each judge's;
+        None keeps each config's own (``auto``: bf16 where the CPU or GPU has it). ``float32`` on
+        CPU makes seeded sampling batch-invariant: a request samples the same tokens alone or
+        among others, so a seeded run repeats token for token (bench/results.md)."""
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -138,6 +144,8 @@ class LocalBackend:
         config = replace(config, model=base, cpu_cores=self.vllm_cores, reserved_cpus=0)
         if self.merge_adapters is not None:
             config = replace(config, merge_adapters=self.merge_adapters)
+        if self.dtype is not None:
+            config = replace(config, dtype=self.dtype)
         self.server = self._servers(config)
         self.server.launch()  # from this (long-lived) thread: the server lives with the caller
         try:
@@ -304,6 +312,8 @@ class LocalBackend:
                 max_model_len=8192, kv_cache_gib=1.0, extra_args=() if cuda_available() else ("--enforce-eager",),
             )  # fmt: skip
             config = replace(config, model=base, cpu_cores=cores or self.vllm_cores, reserved_cpus=0)
+            if self.dtype is not None:
+                config = replace(config, dtype=self.dtype)
             server = self.engine(config, log_path=self.root / "logs" / f"judge-{name}.log")
             server.launch()
             try:

@@ -262,15 +262,18 @@ class TrajectoryGroup(_Record):
         return self._collect(pending).__await__()
 
     async def _collect(self, pending: list[Awaitable[Any]]) -> TrajectoryGroup:
+        """The rollouts' trajectories join the group in the order the rollouts were given, not
+        the order they finished: a seeded run judges and trains on the same batch each time."""
         observer = rollout_observer.get()
+        finished: list[Trajectory | None] = [None] * len(pending)
 
-        async def one(awaitable: Awaitable[Any]) -> None:
+        async def one(index: int, awaitable: Awaitable[Any]) -> None:
             result, failure = None, None
             try:
                 result = await awaitable
                 if not isinstance(result, Trajectory):
                     raise InvalidDataError(f"a rollout returned {type(result).__name__}, not a Trajectory")
-                self.trajectories.append(result)
+                finished[index] = result
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -282,10 +285,12 @@ class TrajectoryGroup(_Record):
 
         try:
             async with asyncio.TaskGroup() as tasks:
-                for awaitable in pending:
-                    tasks.create_task(one(awaitable))
+                for index, awaitable in enumerate(pending):
+                    tasks.create_task(one(index, awaitable))
         except* RolloutError as errors:
             raise first_error(errors) from None
+        finally:  # also what finished before an error or a cancel
+            self.trajectories.extend(t for t in finished if t is not None)
         return self
 
     def __len__(self) -> int:

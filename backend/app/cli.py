@@ -285,6 +285,13 @@ def demo(
             "for smollm2-135m: a merging server compiles its graphs at every start, 6 minutes for the 0.5B).",
         ),
     ] = None,
+    serving_dtype: Annotated[
+        str,
+        typer.Option(
+            help="vLLM's --dtype (auto, bfloat16, float16, float32). float32 is slower, but on CPU two runs of "
+            "one seed, or a run and its resumed twin, sample the same tokens."
+        ),
+    ] = "auto",
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
     model: Annotated[
         str,
@@ -335,7 +342,7 @@ def demo(
         judge_reward=judge_reward,  # type: ignore[arg-type]
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
         seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
-        worked_share=worked_share,
+        worked_share=worked_share, serving_dtype=serving_dtype,
     )  # fmt: skip
     run_demo(config)
 

@@ -366,7 +366,7 @@ class Demo:
                 self.console.print(f"viewer: {viewer.base_url}/runs/{c.project}/{self.name}")
             async with (
                 self.interrupt,  # first in, last out: Ctrl-C is kept until the servers are down
-                LocalBackend(root=c.root, merge_adapters=merge) as backend,
+                LocalBackend(root=c.root, merge_adapters=merge, dtype=c.serving_dtype) as backend,
                 httpx.AsyncClient(
                     timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
                 ) as self.http,

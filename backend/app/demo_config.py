@@ -12,6 +12,8 @@ from journeyman.ruler import Method, RewardFrom
 
 __all__ = ["DEFAULT_JUDGE_MODEL", "DemoConfig"]
 
+SERVING_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
 DEFAULT_JUDGE_MODEL = "qwen2.5-coder-1.5b"
 """The demo's local judge: with verdicts, it ranked 87% of the demo's pairs right, the smaller
 models at most 72%, and 30 minutes trained on its verdicts (each group's best attempts rewarded)
@@ -86,6 +88,11 @@ class DemoConfig:
     None: only for SmolLM2. A server without LoRA compiles its graphs at every start on CPU
     (vLLM 0.32's compile cache fails to load there): about 6 minutes for the 0.5B on 2 cores, so
     other models are served as LoRA adapters (eager) unless this says otherwise."""
+    serving_dtype: str = "auto"
+    """vLLM's ``--dtype`` for the policy's server and a local judge's. ``auto``: bf16 where the
+    machine has it. ``float32``: slower, but on CPU a seeded request samples the same tokens alone
+    or in any batch, so two runs of one seed repeat token for token, and so does a run resumed
+    after a fault (bench/results.md)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
@@ -124,6 +131,8 @@ class DemoConfig:
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
             (self.judge_reward in get_args(RewardFrom), f"unknown judge_reward {self.judge_reward!r}: score, rank or best"),
             (self.judge_method in get_args(Method), f"unknown judge_method {self.judge_method!r}: scores, verdict or pairwise"),
+            (self.serving_dtype in SERVING_DTYPES,
+             f"unknown serving_dtype {self.serving_dtype!r}: {', '.join(SERVING_DTYPES)}"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
         ]  # fmt: skip

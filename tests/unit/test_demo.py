@@ -185,6 +185,7 @@ def test_worked_plan_splits_a_step_between_the_prompts(n: int, share: float, pla
         ("judge_reward", "ranks", "unknown judge_reward"),
         ("reward_weight", -1.0, "reward_weight must be >= 0"),
         ("worked_share", 1.5, "worked_share must be between 0 and 1"),
+        ("serving_dtype", "fp8", "unknown serving_dtype 'fp8': auto, bfloat16, float16, float32"),
     ],
 )
 def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:

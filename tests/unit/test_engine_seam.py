@@ -112,6 +112,29 @@ async def test_local_backend_serves_through_another_engine(tmp_path: Path) -> No
         thread.stop()
 
 
+async def test_the_backends_dtype_reaches_the_policys_server_and_each_judges(tmp_path: Path) -> None:
+    upstream = ScriptedUpstream(replies=[Reply(body={}), Reply(body={})])  # two health probes
+    thread = serve(upstream.app())
+    made: list[Endpoint] = []
+
+    def make(config: VLLMConfig, *, log_path: Path) -> Endpoint:
+        made.append(Endpoint(thread.base_url, config, log_path=log_path))
+        return made[-1]
+
+    judge_folder = tmp_path / "judge-model"
+    judge_folder.mkdir()
+    (judge_folder / "config.json").write_text("{}")
+    try:
+        async with LocalBackend(root=tmp_path, engine=make, watch_interval=60, dtype="float32") as backend:
+            model = jm.TrainableModel(name="agent", project="seam", base_model="smollm2-135m", root=tmp_path)
+            await model.register(backend)
+            await backend.start_judge(str(judge_folder))
+        assert [server.config.dtype for server in made] == ["float32", "float32"]
+        assert made[1].config.model == judge_folder and not made[1].config.enable_lora
+    finally:
+        thread.stop()
+
+
 def test_engines_are_found_by_name_and_an_unknown_one_is_a_clear_error() -> None:
     assert engine("vllm") is ENGINES["vllm"]
     assert engine(Endpoint) is Endpoint  # an engine given as itself

@@ -27,6 +27,25 @@ async def test_a_group_of_coroutines_is_awaitable_and_keeps_failures() -> None:
     assert len(group) == 2
 
 
+async def test_a_group_keeps_its_rollouts_in_the_order_given_not_the_order_they_finished() -> None:
+    # the last rollout finishes first: a seeded run must judge and train on the same batch each time
+    group = await jm.TrajectoryGroup(
+        [rollout(float(r), fail=(r == 2), delay=0.02 * (4 - r)) for r in range(5)]
+    )
+    assert [t.reward for t in group] == [0.0, 1.0, 3.0, 4.0]
+    assert len(group.failures) == 1
+
+
+async def test_a_cancelled_group_keeps_the_rollouts_that_finished() -> None:
+    group = jm.TrajectoryGroup([rollout(0.0), rollout(1.0, delay=60)])
+    task = asyncio.ensure_future(group)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [t.reward for t in group] == [0.0]
+
+
 async def test_gather_keeps_order_and_counts_failures_under_the_limit() -> None:
     groups = await jm.gather_trajectory_groups(
         (
