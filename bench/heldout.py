@@ -32,11 +32,13 @@ def interval(successes: float, n: int) -> float:
     return 1.96 * math.sqrt(max(successes * (1 - successes), 1e-9) / n)
 
 
-async def evaluate(runs: list[Path], questions: int, samples: int, scratch: Path) -> list[dict[str, float]]:
+async def evaluate(
+    runs: list[Path], questions: int, samples: int, scratch: Path, dtype: str = "auto"
+) -> list[dict[str, float]]:
     console = Console()
     rows = []
     async with (
-        LocalBackend(root=scratch, merge_adapters=False) as backend,
+        LocalBackend(root=scratch, merge_adapters=False, dtype=dtype) as backend,
         httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=512)) as http,
     ):
         for run in runs:
@@ -70,9 +72,12 @@ def main() -> None:
     parser.add_argument(
         "--samples", type=int, default=2, help="samples per question at the run's temperature"
     )
+    parser.add_argument(
+        "--dtype", default="auto", help="vLLM's --dtype (float32: runs with the same adapter score the same)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="journeyman-heldout-") as scratch:
-        rows = asyncio.run(evaluate(args.runs, args.questions, args.samples, Path(scratch)))
+        rows = asyncio.run(evaluate(args.runs, args.questions, args.samples, Path(scratch), args.dtype))
     print("| run | step | success, sampled (95% interval) | success, greedy (95% interval) |")
     print("|---|---|---|---|")
     for run, row in zip(args.runs, rows, strict=True):

@@ -1,0 +1,57 @@
+"""bench.twins: where two runs of one seed part, from their stored groups and checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import journeyman as jm
+from bench.twins import ADAPTER, compare, table
+
+
+def _run(root: Path, name: str, completions: list[list[list[int]]], adapters: list[bytes]) -> Path:
+    """A run folder: per step, the rollouts' completions (one group), and the adapter it saved."""
+    store = jm.ModelStore("demo", name, root=root)
+    for step, (rollouts, adapter) in enumerate(zip(completions, adapters, strict=True)):
+        group = jm.TrajectoryGroup(
+            jm.Trajectory(
+                conversation=[
+                    {"role": "user", "content": "3+4?"},
+                    {
+                        "type": "model_turn",
+                        "message": {"role": "assistant", "content": "7"},
+                        "prompt_token_ids": [1, 2],
+                        "completion_token_ids": tokens,
+                    },
+                ],
+                reward=1.0,
+            )
+            for tokens in rollouts
+        )
+        store.save_groups([group], "train", step)
+        path = store.path / "checkpoints" / f"{step + 1:04d}" / ADAPTER
+        path.parent.mkdir(parents=True)
+        path.write_bytes(adapter)
+    return store.path
+
+
+def test_runs_that_sample_alike_in_any_order_are_one_run_until_they_part(tmp_path: Path) -> None:
+    first = _run(tmp_path, "a", [[[5], [6]], [[7], [8]], [[9], [10]]], [b"w1", b"w2", b"w3"])
+    # the same completions in another order, then one rollout apart and another adapter
+    second = _run(tmp_path, "b", [[[6], [5]], [[7], [8]], [[9], [11]]], [b"w1", b"w2", b"w3'"])
+    rows = compare(first, second)
+    assert [(r["shared"], r["rollouts"], r["same_adapter"]) for r in rows] == [
+        (2, 2, True),
+        (2, 2, True),
+        (1, 2, False),
+    ]
+    text = table(rows)
+    assert "| 1-2 | 4 | 4 (100%) | yes |" in text and "| 3 | 2 | 1 (50%) | no |" in text
+    assert text.endswith("3 steps, 5/6 rollouts shared; the runs part at step 3")
+
+
+def test_the_comparison_ends_where_either_run_has_no_checkpoint(tmp_path: Path) -> None:
+    first = _run(tmp_path, "a", [[[5]], [[6]]], [b"w1", b"w2"])
+    second = _run(tmp_path, "b", [[[5]]], [b"w1"])
+    rows = compare(first, second)
+    assert len(rows) == 1
+    assert table(rows).endswith("the runs never part")
