@@ -177,6 +177,9 @@ class VLLMServer:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
             if not (self.lora and self.config.cpu_lora_plugin):
                 env["JOURNEYMAN_CPU_LORA"] = "0"
+            if self.dtype in ("float32", "float"):  # batch-invariant linear layers (journeyman_cpu_exact)
+                env.setdefault("JOURNEYMAN_CPU_EXACT", "1")
+                env.setdefault("MKL_CBWR", "AUTO,STRICT")
             if self.single_process:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets vLLM-CPU take the "uni" executor
                 env["OMP_NUM_THREADS"] = str(self.threads())  # unset, vLLM would serve on one thread

@@ -65,3 +65,17 @@ def test_core_lists_parse_as_vllm_writes_them() -> None:
     assert core_list("0, 2-3") == [0, 2, 3]
     with pytest.raises(ConfigError, match="'0-3' or '0,2-3'"):
         core_list("first")
+
+
+def test_a_float32_cpu_server_gets_batch_invariant_linear_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    monkeypatch.delenv("JOURNEYMAN_CPU_EXACT", raising=False)
+    env = _server(tmp_path, device="cpu", dtype="float32").environment()
+    assert env["JOURNEYMAN_CPU_EXACT"] == "1" and env["MKL_CBWR"] == "AUTO,STRICT"
+    for settings in ({"device": "cpu", "dtype": "bfloat16"}, {"device": "cuda", "dtype": "float32"}):
+        env = _server(tmp_path, **settings).environment()
+        assert "JOURNEYMAN_CPU_EXACT" not in env and "MKL_CBWR" not in env
+    monkeypatch.setenv("JOURNEYMAN_CPU_EXACT", "0")  # the caller's choice stands
+    assert _server(tmp_path, device="cpu", dtype="float32").environment()["JOURNEYMAN_CPU_EXACT"] == "0"
