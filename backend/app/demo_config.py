@@ -90,9 +90,10 @@ class DemoConfig:
     other models are served as LoRA adapters (eager) unless this says otherwise."""
     serving_dtype: str = "auto"
     """vLLM's ``--dtype`` for the policy's server and a local judge's. ``auto``: bf16 where the
-    machine has it. ``float32``: slower, but on CPU a seeded request samples the same tokens alone
-    or in any batch, so two runs of one seed repeat token for token, and so does a run resumed
-    after a fault (bench/results.md)."""
+    machine has it. ``float32``: slower, but on CPU a seeded request samples the same tokens with
+    the same logprobs alone or in any batch (``VLLMConfig.dtype``), so two runs of one seed are
+    one run, rollouts and adapters alike, and so is a run resumed after faults
+    (tests/faults/test_chaos.py; bench/results.md)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""

@@ -75,7 +75,10 @@ class VLLMConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: str = "auto"
     """Weights and activations (``--dtype``). ``auto``: bfloat16 on CUDA and on CPUs with bf16
-    instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`)."""
+    instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`). A
+    float32 server on CPU computes its linear layers batch-invariantly (the ``journeyman_cpu_exact``
+    plugin; ``JOURNEYMAN_CPU_EXACT=0`` turns it off): a seeded request samples the same tokens
+    with the same logprobs alone or among others."""
     max_model_len: int = 4096
     enable_lora: bool = True
     max_lora_rank: int = 16
