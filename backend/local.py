@@ -124,7 +124,7 @@ class LocalBackend:
         """vLLM's ``--dtype`` for every server this backend starts, the policy's and each judge's;
         None keeps each config's own (``auto``: bf16 where the CPU or GPU has it). ``float32`` on
         CPU makes seeded sampling batch-invariant: a request samples the same tokens alone or
-        among others, so a seeded run repeats token for token (bench/results.md)."""
+        among others (``VLLMConfig.dtype`` says where that ends; bench/results.md)."""
 
     async def __aenter__(self) -> LocalBackend:
         return self

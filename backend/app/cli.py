@@ -288,8 +288,8 @@ def demo(
     serving_dtype: Annotated[
         str,
         typer.Option(
-            help="vLLM's --dtype (auto, bfloat16, float16, float32). float32 is slower, but on CPU two runs of "
-            "one seed, or a run and its resumed twin, sample the same tokens."
+            help="vLLM's --dtype (auto, bfloat16, float16, float32). float32 is slower, but on CPU a seeded "
+            "request samples the same tokens and logprobs in any batch (while its prompt is not split otherwise)."
         ),
     ] = "auto",
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,

@@ -90,10 +90,11 @@ class DemoConfig:
     other models are served as LoRA adapters (eager) unless this says otherwise."""
     serving_dtype: str = "auto"
     """vLLM's ``--dtype`` for the policy's server and a local judge's. ``auto``: bf16 where the
-    machine has it. ``float32``: slower, but on CPU a seeded request samples the same tokens with
-    the same logprobs alone or in any batch (``VLLMConfig.dtype``), so two runs of one seed are
-    one run, rollouts and adapters alike, and so is a run resumed after faults
-    (tests/faults/test_chaos.py; bench/results.md)."""
+    machine has it. ``float32``: about 10% slower here, but on CPU a seeded request samples the
+    same tokens with the same logprobs alone or in any batch (``VLLMConfig.dtype``) while its
+    prompt is computed in one piece; a prompt split by a prefix-cache hit or a prefill chunk
+    still moves its logprobs by ~1e-5, so the demo's twins part early (bench/results.md).
+    Short runs stay one run with their resumed twins (tests/faults/test_chaos.py)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
