@@ -177,7 +177,9 @@ class VLLMServer:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH")]))
             if not (self.lora and self.config.cpu_lora_plugin):
                 env["JOURNEYMAN_CPU_LORA"] = "0"
-            if self.dtype in ("float32", "float"):  # batch-invariant linear layers (journeyman_cpu_exact)
+            # Asked for float32 (not auto's float32 on CPUs without bf16, which keeps vLLM's faster
+            # oneDNN layers): batch-invariant linear layers (journeyman_cpu_exact).
+            if self.config.dtype in ("float32", "float"):
                 env.setdefault("JOURNEYMAN_CPU_EXACT", "1")
                 env.setdefault("MKL_CBWR", "AUTO,STRICT")
             if self.single_process:

@@ -74,7 +74,12 @@ def test_a_float32_cpu_server_gets_batch_invariant_linear_layers(
     monkeypatch.delenv("JOURNEYMAN_CPU_EXACT", raising=False)
     env = _server(tmp_path, device="cpu", dtype="float32").environment()
     assert env["JOURNEYMAN_CPU_EXACT"] == "1" and env["MKL_CBWR"] == "AUTO,STRICT"
-    for settings in ({"device": "cpu", "dtype": "bfloat16"}, {"device": "cuda", "dtype": "float32"}):
+    monkeypatch.setattr("journeyman.backend.serving.vllm.cpu_has_bf16", lambda: False)  # auto: float32
+    for settings in (
+        {"device": "cpu", "dtype": "bfloat16"},
+        {"device": "cpu"},  # auto's float32 keeps vLLM's own (faster) layers
+        {"device": "cuda", "dtype": "float32"},
+    ):
         env = _server(tmp_path, **settings).environment()
         assert "JOURNEYMAN_CPU_EXACT" not in env and "MKL_CBWR" not in env
     monkeypatch.setenv("JOURNEYMAN_CPU_EXACT", "0")  # the caller's choice stands
