@@ -93,8 +93,8 @@ class DemoConfig:
     machine has it. ``float32``: about 10% slower here, but on CPU a seeded request samples the
     same tokens with the same logprobs alone or in any batch (``VLLMConfig.dtype``) while its
     prompt is computed in one piece; a prompt split by a prefix-cache hit or a prefill chunk
-    still moves its logprobs by ~1e-5, so the demo's twins part early (bench/results.md).
-    Short runs stay one run with their resumed twins (tests/faults/test_chaos.py)."""
+    still moves its logprobs by ~1e-5, so the demo's twins part early; the short chaos run
+    stayed one run with its clean twin once (bench/results.md)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
