@@ -141,11 +141,11 @@ class LocalBackend:
                 )
             return
         config = self._vllm_config or VLLMConfig(model=base)
-        config = replace(config, model=base, cpu_cores=self.vllm_cores, reserved_cpus=0)
+        config = replace(
+            config, model=base, cpu_cores=self.vllm_cores, reserved_cpus=0, dtype=self.dtype or config.dtype
+        )
         if self.merge_adapters is not None:
             config = replace(config, merge_adapters=self.merge_adapters)
-        if self.dtype is not None:
-            config = replace(config, dtype=self.dtype)
         self.server = self._servers(config)
         self.server.launch()  # from this (long-lived) thread: the server lives with the caller
         try:
@@ -311,9 +311,13 @@ class LocalBackend:
                 model=base, served_name=name, enable_lora=False, tool_parser=None,
                 max_model_len=8192, kv_cache_gib=1.0, extra_args=() if cuda_available() else ("--enforce-eager",),
             )  # fmt: skip
-            config = replace(config, model=base, cpu_cores=cores or self.vllm_cores, reserved_cpus=0)
-            if self.dtype is not None:
-                config = replace(config, dtype=self.dtype)
+            config = replace(
+                config,
+                model=base,
+                cpu_cores=cores or self.vllm_cores,
+                reserved_cpus=0,
+                dtype=self.dtype or config.dtype,
+            )
             server = self.engine(config, log_path=self.root / "logs" / f"judge-{name}.log")
             server.launch()
             try:

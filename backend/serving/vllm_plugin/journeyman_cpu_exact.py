@@ -10,7 +10,9 @@ through torch's ``linear`` (MKL), and journeyman starts vLLM with ``MKL_CBWR=AUT
 strict reproducibility mode, where a row's sums run in one order for any number of rows.
 
 Active on CPU for float32 weights when ``JOURNEYMAN_CPU_EXACT=1`` (journeyman sets it for a
-float32 server on CPU); ``register`` is idempotent.
+server asked for float32 on CPU). It covers the linear layers only: a prompt that a prefix-cache
+hit or a prefill chunk splits differently still gets logprobs ~1e-5 apart. ``register`` is
+idempotent.
 """
 
 from __future__ import annotations
