@@ -297,7 +297,8 @@ class LocalBackend:
     ) -> Judge:
         """Serve ``model`` (an embedded alias, a folder or a hub name) as a judge beside the policy,
         on a vLLM server of its own (base weights, no LoRA, no tools), and return a :class:`Judge`
-        that calls it; ``judge`` holds further :class:`Judge` arguments. The server is stopped with
+        that calls it; ``judge`` holds further :class:`Judge` arguments (its answers are cached
+        under this backend's root unless ``cache_dir`` says otherwise). The server is stopped with
         the backend. Judging, rollouts and training take turns, so by default it is bound to the
         same cores as the policy's server (``cores`` splits them otherwise). On CPU it runs eager:
         a judge reads far more than it writes, and compiling its graphs takes minutes.
@@ -328,7 +329,7 @@ class LocalBackend:
             self.judge_servers[model] = server
             if self._watchdog is None:  # a backend that serves no policy still watches its judges
                 self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
-        return Judge(server.config.served_name, base_url=f"{server.base_url}/v1", **judge)
+        return Judge(server.config.served_name, base_url=f"{server.base_url}/v1", **self._cached(judge))
 
     async def judge(self, model: TrainableModel, judge_model: str | None = None, **judge: Any) -> Judge:
         """A judge for ``model``'s groups: ``model``'s base weights, answered by the policy's own
@@ -342,8 +343,16 @@ class LocalBackend:
                 f"register {model.name!r} with this backend before asking for its base model as a judge"
             )
         return Judge(
-            self.router.base_name, base_url=model.inference_base_url, api_key=model.inference_api_key, **judge
+            self.router.base_name,
+            base_url=model.inference_base_url,
+            api_key=model.inference_api_key,
+            **self._cached(judge),
         )
+
+    def _cached(self, judge: dict[str, Any]) -> dict[str, Any]:
+        """``judge``'s arguments, its answers cached under this backend's root by default (not the
+        working directory's: a run with a root of its own asks its judge afresh)."""
+        return {"cache_dir": self.root / "judge_cache", **judge}
 
     async def deploy_adapter(self, name: str, base_model: str, adapter_dir: Path, step: int) -> str:
         """Serve an adapter trained elsewhere as ``name@step`` (and ``name``); start vLLM if needed."""

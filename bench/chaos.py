@@ -10,7 +10,10 @@ running), and is injected:
 
 - ``vllm``: the policy's vLLM server is killed -9 (LocalBackend's watchdog restarts it; rollouts
   that failed meanwhile are recorded on their groups, or the demo stops and is resumed);
-- ``judge``: the judge's vLLM server is killed -9 (needs ``--judge ruler --judge-model ...``);
+- ``judge``: the judge's vLLM server is killed -9 as the step's rollouts begin (needs ``--judge
+  ruler --judge-model ...``), so its groups ask while it is dead or restarting (a restart takes
+  tens of seconds, a step's rollouts a few) and are judged again once it is back. Drawn later
+  into the rollouts, a fast machine's groups were judged before the kill;
 - ``kill``: the demo process is killed -9, and the gateway, the trainer and the rollouts with it;
 - ``interrupt``: Ctrl-C (SIGINT to the demo's process group);
 - ``memory``: the demo process's address space is capped (``RLIMIT_AS``) just above what it
@@ -48,6 +51,8 @@ PHASES = ("rollouts", "train", "deploy")
 FIXED_PHASE = {"memory": "train", "interrupt": "rollouts", "judge": "rollouts"}
 """Kinds with one phase: the cap must meet the training step; Ctrl-C and the judge's server
 matter while groups are sampled and judged."""
+AT_ONCE = {"judge"}
+"""Kinds injected as their phase begins, whatever delay was drawn."""
 BEFORE = "demo_before.json"
 """Written once the held-out evaluation before training is done: the steps begin."""
 MEMORY_MARGIN = 64 * 2**20
@@ -104,6 +109,8 @@ def plan(faults: int, steps: int, kinds: list[str], seed: int, max_delay: float)
         kind = kinds[i % len(kinds)]
         phase = FIXED_PHASE.get(kind) or rng.choice(PHASES)
         delay = rng.uniform(0, max_delay) if phase == "rollouts" else 0.0
+        if kind in AT_ONCE:
+            delay = 0.0
         planned.append(Fault(kind, step, phase, delay))
     return planned
 

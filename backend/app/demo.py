@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import journeyman as jm
 from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError, RolloutError
-from journeyman.store import atomic_write
+from journeyman.store import atomic_write, default_root
 
 try:
     import httpx
@@ -164,7 +164,10 @@ class Demo:
         c = self.config
         if c.judge_base_url is not None:
             key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-            return jm.Judge(c.judge_model, base_url=c.judge_base_url, api_key=key)
+            cache = default_root() if c.root is None else c.root
+            return jm.Judge(
+                c.judge_model, base_url=c.judge_base_url, api_key=key, cache_dir=cache / "judge_cache"
+            )
         if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
             return await backend.judge(model)
         with self.console.status(f"starting the judge's vLLM server with {self.judge_model} ..."):

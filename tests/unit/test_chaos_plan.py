@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos import FIXED_PHASE, KINDS, plan
+from bench.chaos import AT_ONCE, FIXED_PHASE, KINDS, plan
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -16,8 +16,13 @@ def test_faults_take_steps_of_their_own_while_there_are_steps_enough(seed: int) 
     assert steps == sorted(steps) and len(set(steps)) == 10 and all(0 <= s < 26 for s in steps)
     for fault in faults:
         assert fault.phase == FIXED_PHASE.get(fault.kind, fault.phase)
-        # A train or deploy phase can last a tenth of a second: those faults go in at once.
-        assert 0 <= fault.delay <= 8.0 if fault.phase == "rollouts" else fault.delay == 0.0
+        # A train or deploy phase can last a tenth of a second: those faults go in at once, and
+        # the judge's server dies as the rollouts begin (judged later, a fast step's groups were
+        # judged before it died).
+        if fault.phase == "rollouts" and fault.kind not in AT_ONCE:
+            assert 0 <= fault.delay <= 8.0
+        else:
+            assert fault.delay == 0.0
 
 
 def test_more_faults_than_steps_share_steps() -> None:

@@ -199,6 +199,9 @@ async def test_wait_serving_judges_holds_callers_until_the_judges_server_is_back
         judge = await backend.start_judge(str(judge_dir))
         (server,) = made
         assert judge.model == "judge-model" and not backend.judge_down()
+        # Its answers are cached under the backend's root, not the working directory's (a run
+        # there would answer from an earlier run's cache, and its judge would never be asked).
+        assert judge.cache_dir == backend.root / "judge_cache"
         server.code = -9  # killed
         assert backend.judge_down() and not backend.policy_down()
         await asyncio.wait_for(backend.wait_serving(judges=True), 10)
