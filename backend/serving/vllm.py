@@ -178,10 +178,12 @@ class VLLMServer:
             if not (self.lora and self.config.cpu_lora_plugin):
                 env["JOURNEYMAN_CPU_LORA"] = "0"
             # Asked for float32 (not auto's float32 on CPUs without bf16, which keeps vLLM's faster
-            # oneDNN layers): batch-invariant linear layers (journeyman_cpu_exact).
+            # oneDNN layers): a token's numbers whatever its batch and however its prompt is split
+            # (journeyman_cpu_exact: linear layers, attention per query, no keys split by threads).
             if self.config.dtype in ("float32", "float"):
                 env.setdefault("JOURNEYMAN_CPU_EXACT", "1")
                 env.setdefault("MKL_CBWR", "AUTO,STRICT")
+                env.setdefault("VLLM_CPU_ATTN_SPLIT_KV", "0")
             if self.single_process:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # lets vLLM-CPU take the "uni" executor
                 env["OMP_NUM_THREADS"] = str(self.threads())  # unset, vLLM would serve on one thread

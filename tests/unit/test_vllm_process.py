@@ -72,8 +72,10 @@ def test_a_float32_cpu_server_gets_batch_invariant_linear_layers(
 ) -> None:
     monkeypatch.delenv("MKL_CBWR", raising=False)
     monkeypatch.delenv("JOURNEYMAN_CPU_EXACT", raising=False)
+    monkeypatch.delenv("VLLM_CPU_ATTN_SPLIT_KV", raising=False)
     env = _server(tmp_path, device="cpu", dtype="float32").environment()
     assert env["JOURNEYMAN_CPU_EXACT"] == "1" and env["MKL_CBWR"] == "AUTO,STRICT"
+    assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0"  # a decode's keys not split by the batch's length
     monkeypatch.setattr("journeyman.backend.serving.vllm.cpu_has_bf16", lambda: False)  # auto: float32
     for settings in (
         {"device": "cpu", "dtype": "bfloat16"},
@@ -81,6 +83,6 @@ def test_a_float32_cpu_server_gets_batch_invariant_linear_layers(
         {"device": "cuda", "dtype": "float32"},
     ):
         env = _server(tmp_path, **settings).environment()
-        assert "JOURNEYMAN_CPU_EXACT" not in env and "MKL_CBWR" not in env
+        assert not {"JOURNEYMAN_CPU_EXACT", "MKL_CBWR", "VLLM_CPU_ATTN_SPLIT_KV"} & set(env)
     monkeypatch.setenv("JOURNEYMAN_CPU_EXACT", "0")  # the caller's choice stands
     assert _server(tmp_path, device="cpu", dtype="float32").environment()["JOURNEYMAN_CPU_EXACT"] == "0"
