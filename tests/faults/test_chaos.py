@@ -1,7 +1,9 @@
 """The short chaos run: one fault of each kind at moments drawn from a seed, in a real demo (real
 vLLM, trainer, gateway, and a judge on a vLLM server of its own); the run carries on to its last
-step and keeps every promise, and its resumed parts ask the questions an uninterrupted run asks, in
-that order."""
+step and keeps every promise, its resumed parts ask the questions an uninterrupted run asks, in
+that order, and it is its clean twin's run: served in float32, where a seeded request samples the
+same tokens with the same logprobs in any batch and however its prompt is split, both sample the
+same rollouts and save the same adapters at every step."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 
 import journeyman as jm
 from bench.chaos import plan, run, table
+from bench.twins import compare
+from bench.twins import table as twins_table
 from journeyman.backend.app.calculator import make_scenarios
 from journeyman.backend.models import prepare_model
 
@@ -19,7 +23,7 @@ STEPS = 8
 KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
 DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "16",
         "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--no-zero-shot-eval",
-        "--max-train-minutes", "600", "--name", "chaos"]  # fmt: skip
+        "--max-train-minutes", "600", "--name", "chaos", "--serving-dtype", "float32"]  # fmt: skip
 JUDGE = ["--judge", "ruler", "--judge-anyway", "--reward-weight", "1", "--no-gradient-checkpointing"]
 """The base model judges from a folder, so on a server of its own; the programmatic reward beside
 its scores keeps the steps learning (a 135M judge ranks at chance: this run is about its server)."""
@@ -31,7 +35,7 @@ def _question(group: jm.TrajectoryGroup) -> str:
     return question
 
 
-@pytest.mark.slow  # about 6 minutes: `make test-slow` (and CI) run it
+@pytest.mark.slow  # about 15 minutes with its twin: `make test-slow` (and CI) run it
 def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     # A fault at each of steps 1-5 (vLLM and the demo killed in training), three steps to spare: a
     # step of this run samples for a second or two, and a fault that misses its step takes the next.
@@ -66,3 +70,18 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert all(any(f.stage == "judge" for f in g.failures) for g in judged_again)
     rows = [json.loads(line) for line in (store.path / "history.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in rows if r.get("split") == "train") == list(range(1, STEPS + 1))
+
+    # The same demo without faults, from scratch: the chaos run repeats it token for token.
+    twin = run(
+        [*DEMO, *JUDGE, *judge, "--root", str(tmp_path / "twin")],
+        tmp_path / "twin" / "demo" / "chaos",
+        [],
+        timeout=1200,
+        stall=300,
+        steps=STEPS,
+    )
+    assert twin.check_ok, twin.check_output
+    steps = compare(tmp_path / "twin" / "demo" / "chaos", store.path)
+    assert len(steps) == STEPS, twins_table(steps)
+    assert all(s["shared"] == s["rollouts"] and s["same_adapter"] for s in steps), twins_table(steps)
+    assert twin.report["after"] == chaos.report["after"]  # the same held-out answers after the last step
