@@ -289,7 +289,7 @@ def demo(
         str,
         typer.Option(
             help="vLLM's --dtype (auto, bfloat16, float16, float32). float32 is slower, but on CPU a seeded "
-            "request samples the same tokens and logprobs in any batch (while its prompt is not split otherwise)."
+            "request samples the same tokens and logprobs in any batch, however its prompt is split."
         ),
     ] = "auto",
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,

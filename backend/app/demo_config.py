@@ -90,11 +90,10 @@ class DemoConfig:
     other models are served as LoRA adapters (eager) unless this says otherwise."""
     serving_dtype: str = "auto"
     """vLLM's ``--dtype`` for the policy's server and a local judge's. ``auto``: bf16 where the
-    machine has it. ``float32``: about 10% slower here, but on CPU a seeded request samples the
-    same tokens with the same logprobs alone or in any batch (``VLLMConfig.dtype``) while its
-    prompt is computed in one piece; a prompt split by a prefix-cache hit or a prefill chunk
-    still moves its logprobs by ~1e-5, so the demo's twins part early; the short chaos run
-    stayed one run with its clean twin once (bench/results.md)."""
+    machine has it. ``float32``: slower (a long prompt's first prefill ~1.7x), but on CPU a
+    seeded request samples the same tokens with the same logprobs alone or in any batch, and
+    however its prompt is split (``VLLMConfig.dtype``), so a resumed or faulted run can be its
+    clean twin's run: the short chaos run is, at every step (bench/results.md)."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""

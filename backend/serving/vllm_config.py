@@ -76,11 +76,11 @@ class VLLMConfig:
     dtype: str = "auto"
     """Weights and activations (``--dtype``). ``auto``: bfloat16 on CUDA and on CPUs with bf16
     instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`). A
-    server asked for ``float32`` on CPU computes its linear layers batch-invariantly, about 10%
-    slower (the ``journeyman_cpu_exact`` plugin; ``JOURNEYMAN_CPU_EXACT=0`` turns it off): a
-    seeded request samples the same tokens with the same logprobs alone or among others, as long
-    as its prompt is computed in one piece (a prefix-cache hit or a prefill chunk that splits it
-    moves logprobs by ~1e-5)."""
+    server asked for ``float32`` on CPU gives a token the same numbers whatever its batch and
+    however its prompt is split (the ``journeyman_cpu_exact`` plugin: linear layers in tiles of
+    16 rows, attention per query; ``JOURNEYMAN_CPU_EXACT=0`` turns it off): a seeded request
+    samples the same tokens with the same logprobs, bit for bit, alone or among others, in
+    prefill chunks or after a prefix-cache hit; a long prompt's first prefill costs ~1.7x."""
     max_model_len: int = 4096
     enable_lora: bool = True
     max_lora_rank: int = 16
