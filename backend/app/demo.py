@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import journeyman as jm
 from journeyman.errors import ConfigError, JourneymanError, MissingDependencyError, RolloutError
-from journeyman.store import atomic_write, default_root
+from journeyman.store import atomic_write
 
 try:
     import httpx
@@ -164,9 +164,8 @@ class Demo:
         c = self.config
         if c.judge_base_url is not None:
             key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-            cache = default_root() if c.root is None else c.root
             return jm.Judge(
-                c.judge_model, base_url=c.judge_base_url, api_key=key, cache_dir=cache / "judge_cache"
+                c.judge_model, base_url=c.judge_base_url, api_key=key, cache_dir=backend.root / "judge_cache"
             )
         if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
             return await backend.judge(model)

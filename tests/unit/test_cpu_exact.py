@@ -57,7 +57,7 @@ def test_each_prefill_query_becomes_a_request_over_its_own_prefix() -> None:
         seq_lens=torch.tensor([9, 7, 2, 0], dtype=torch.int32),
         block_table_tensor=torch.tensor([[10, 11], [20, 21], [30, 31], [0, 0]], dtype=torch.int32),
     )  # fmt: skip
-    one = _one_query_per_request(common, torch)
+    one = _one_query_per_request(common)
     assert one.num_reqs == 6 and one.max_query_len == 1
     assert one.query_start_loc.tolist() == one.query_start_loc_cpu.tolist() == list(range(7))
     assert one.seq_lens.tolist() == [9, 5, 6, 7, 1, 2] and one.seq_lens.dtype == torch.int32

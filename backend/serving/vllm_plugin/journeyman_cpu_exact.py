@@ -31,6 +31,8 @@ import logging
 import os
 from typing import Any
 
+import torch  # the plugin runs in vLLM's processes only, where torch is loaded
+
 _PATCHED = "_journeyman_cpu_exact"
 
 
@@ -50,7 +52,6 @@ def register() -> None:
 
 
 def _linear_layers() -> None:
-    import torch
     from vllm.model_executor.layers import utils
 
     original = utils.dispatch_cpu_unquantized_gemm
@@ -69,7 +70,6 @@ def _linear_layers() -> None:
 
 
 def _attention_per_query() -> None:
-    import torch
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
 
     original = CPUAttentionMetadataBuilder.build
@@ -79,14 +79,14 @@ def _attention_per_query() -> None:
     def build(self: Any, common_prefix_len: int, common: Any, fast_build: bool = False) -> Any:
         decoder = not (self.is_encoder_only_attention or self.is_cross_attention)
         if common.max_query_len > 1 and common.causal is True and decoder:
-            common = _one_query_per_request(common, torch)
+            common = _one_query_per_request(common)
         return original(self, common_prefix_len, common, fast_build)
 
     setattr(build, _PATCHED, True)
     CPUAttentionMetadataBuilder.build = build
 
 
-def _one_query_per_request(common: Any, torch: Any) -> Any:
+def _one_query_per_request(common: Any) -> Any:
     """The batch's queries as one-token requests: token ``i`` of a request with ``n`` queries and
     ``s`` tokens in all sees the first ``s - n + i + 1`` of them, through its request's blocks."""
     reqs = common.num_reqs
@@ -121,8 +121,6 @@ def _linear_in_tiles(x: Any, weight: Any, bias: Any = None) -> Any:
     kernels (and oneDNN's) follow the number of rows, and on AMD CPUs even MKL's strict mode did
     not hold a row's result across row counts (torch 2.13: 125 of 186 rows differed); in tiles of
     16 none did, at the speed of one product for 16 rows or more."""
-    import torch
-
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
     padded = torch.nn.functional.pad(rows, (0, 0, 0, (-count) % ROWS))
