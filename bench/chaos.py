@@ -11,9 +11,11 @@ running), and is injected:
 - ``vllm``: the policy's vLLM server is killed -9 (LocalBackend's watchdog restarts it; rollouts
   that failed meanwhile are recorded on their groups, or the demo stops and is resumed);
 - ``judge``: the judge's vLLM server is killed -9 as the step's rollouts begin (needs ``--judge
-  ruler --judge-model ...``), so its groups ask while it is dead or restarting (a restart takes
-  tens of seconds, a step's rollouts a few) and are judged again once it is back. Drawn later
-  into the rollouts, a fast machine's groups were judged before the kill;
+  ruler --judge-model ...``), and killed again each time it answers before the demo said a
+  group's judging failed or the step ended, so its groups ask while it is dead or restarting and
+  are judged again once it is back. (Killed once, a restart that took less than the step's
+  rollouts, slowed by that restart on the same cores, left the groups nothing to fail; drawn
+  later into the rollouts, a fast machine's groups were judged before the kill);
 - ``kill``: the demo process is killed -9, and the gateway, the trainer and the rollouts with it;
 - ``interrupt``: Ctrl-C (SIGINT to the demo's process group);
 - ``memory``: the demo process's address space is capped (``RLIMIT_AS``) just above what it
@@ -36,12 +38,14 @@ import contextlib
 import json
 import os
 import random
+import re
 import resource
 import signal
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,8 @@ AT_ONCE = {"judge"}
 """Kinds injected as their phase begins, whatever delay was drawn."""
 BEFORE = "demo_before.json"
 """Written once the held-out evaluation before training is done: the steps begin."""
+JUDGED_AGAIN = re.compile(rb"judging\s+\d+\s+group\(s\)\s+again")
+"""What the demo prints once a step's groups failed their judging on a dead judge server."""
 MEMORY_MARGIN = 64 * 2**20
 """Address space left above what the demo uses when the cap is set."""
 
@@ -77,6 +83,8 @@ class Fault:
     """Seconds from the fault to the next completed step (None: the run ended first)."""
     outcome: str = ""
     """What followed: the demo carried on, exited (and was resumed), or the run ended first."""
+    killed_again: int = 0
+    """``judge``: how often its server was killed again, back before a group's judging failed."""
 
     def __post_init__(self) -> None:
         self.planned_step = self.step
@@ -172,6 +180,32 @@ def _server(pid: int, judge: bool) -> int | None:
     return None
 
 
+def _answers(pid: int) -> bool:
+    """Whether the vLLM server ``pid`` answers ``/health`` (it is up, not starting)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        host, port = (args[args.index(flag) + 1].decode() for flag in (b"--host", b"--port"))
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=0.5) as response:
+            return bool(response.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def _hold_judge_down(fault: Fault, demo: subprocess.Popen[bytes], log: Path, since: int) -> bool:
+    """Kill the judge's server again if it answers before the demo said (in ``log`` after byte
+    ``since``) that a group's judging failed; False once it said so."""
+    with log.open("rb") as out:
+        out.seek(since)
+        if JUDGED_AGAIN.search(out.read()):
+            return False
+    pid = _server(demo.pid, judge=True)
+    if pid is not None and _answers(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            fault.killed_again += 1
+    return True
+
+
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with log.open("ab") as out:
@@ -248,6 +282,7 @@ def run(
     ending = False  # a kill or Ctrl-C was sent: the next fault waits for the process that resumes
     open_faults: list[Fault] = []
     waiting: Fault | None = None  # due but for its delay when last looked
+    held: tuple[Fault, int] | None = None  # a judge fault, and the log's size when it went in
     try:
         while True:
             assert time.monotonic() - started < timeout, f"the chaos run passed {timeout:.0f} s (log: {log})"
@@ -259,7 +294,7 @@ def run(
                     fault.recovered_after = now - (fault.injected_at or now)
                     fault.outcome = fault.outcome or "carried on"
                 open_faults.clear()
-                seen, step_time = progress.trained, now
+                seen, step_time, held = progress.trained, now, None
                 if capped is not None:  # the step ended with the cap on: lift it
                     _lift(demo)
                     capped = None
@@ -276,13 +311,15 @@ def run(
                 for fault in open_faults:
                     fault.outcome = fault.outcome or f"demo exited {code}, resumed"
                 _stop_group(demo)
-                capped, ending = None, False
+                capped, ending, held = None, False, None
                 chaos.restarts += 1
                 sampled_before = _size(records)
                 demo = _start(["--resume", str(run_dir)], log)
                 step_time = phase_time = time.monotonic()  # delays count from the restart
                 phase, waiting = "rollouts", None
                 continue
+            if held is not None and not _hold_judge_down(held[0], demo, log, held[1]):
+                held = None
             upcoming = pending[0] if pending else None
             ready = (
                 upcoming is not None
@@ -305,6 +342,7 @@ def run(
                 upcoming.injected_at, upcoming.step = time.monotonic(), progress.trained
                 open_faults.append(upcoming)
                 capped = upcoming if upcoming.kind == "memory" else None
+                held = (upcoming, _size(log)) if upcoming.kind == "judge" else None
                 ending = upcoming.kind in ("kill", "interrupt")
             # A train or deploy phase can be a tenth of a second long: look often once one is due.
             near = upcoming is not None and upcoming.phase != "rollouts" and progress.trained >= upcoming.step
@@ -338,8 +376,10 @@ def table(chaos: ChaosRun) -> str:
         recovered = f"{done:.0f}" if done is not None else "-"
         lost = f"{max(done - usual, 0):.0f}" if done is not None and usual == usual else "-"
         slipped = f" (planned {fault.planned_step + 1})" if fault.step != fault.planned_step else ""
+        again = f" (killed again {fault.killed_again}x)" if fault.killed_again else ""
         lines.append(
-            f"| {fault.kind} | {fault.phase} | {fault.step + 1}{slipped} | {fault.outcome} | {recovered} | {lost} |"
+            f"| {fault.kind}{again} | {fault.phase} | {fault.step + 1}{slipped} | {fault.outcome} | {recovered} "
+            f"| {lost} |"
         )
     lines += ["", "| fault kind | injected | resumes it took | s lost, mean |", "|---|---|---|---|"]
     for kind in dict.fromkeys(f.kind for f in chaos.faults):

@@ -228,9 +228,8 @@ class VLLMServer:
         assert self._process is not None
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
-                if (code := self._process.poll()) is not None:
-                    self._process = None
-                    raise ServerStartError(
+                if (code := self._process.poll()) is not None:  # kept: exit_code() says it died, so
+                    raise ServerStartError(  # a watchdog restarts it again (stop() clears it)
                         f"vLLM exited with code {code} while starting. End of its log ({self.log_path}):\n"
                         f"{self.log_tail()}"
                     )

@@ -1,10 +1,18 @@
-"""bench.chaos's plan: which step and phase each fault waits for."""
+"""bench.chaos's plan: which step and phase each fault waits for; a judge fault holds the judge's
+server down until a group's judging failed."""
 
 from __future__ import annotations
 
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from bench.chaos import AT_ONCE, FIXED_PHASE, KINDS, plan
+from bench.chaos import AT_ONCE, FIXED_PHASE, KINDS, Fault, _answers, _hold_judge_down, _server, plan
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -32,3 +40,52 @@ def test_more_faults_than_steps_share_steps() -> None:
 
 def test_the_same_seed_plans_the_same_run() -> None:
     assert plan(5, 5, list(KINDS), seed=3, max_delay=4.0) == plan(5, 5, list(KINDS), seed=3, max_delay=4.0)
+
+
+SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[-1])), Health).serve_forever()
+"""
+
+
+def _demo_with_a_judge(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A stand-in demo process whose child answers /health like a judge's vLLM server (the
+    harness finds it by its command line)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    server = [sys.executable, str(script), "vllm.entrypoints.openai.api_server", "--served-model-name",
+              "judge", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    demo = subprocess.Popen(["sh", "-c", f"{shlex.join(server)} & wait"])
+    deadline = time.monotonic() + 30
+    while (pid := _server(demo.pid, judge=True)) is None or not _answers(pid):
+        assert time.monotonic() < deadline, "the stand-in judge server never answered"
+        time.sleep(0.05)
+    return demo, pid
+
+
+def test_a_judge_back_before_its_groups_failed_is_killed_again(tmp_path: Path) -> None:
+    demo, pid = _demo_with_a_judge(tmp_path)
+    try:
+        log = tmp_path / "demo.log"
+        log.write_bytes(b"the judge's vLLM server died: judging 2 group(s) again once it is back\n")
+        fault = Fault("judge", 3, "rollouts", 0.0)
+        # The line was there before the fault went in: it says nothing of this step.
+        assert _hold_judge_down(fault, demo, log, since=log.stat().st_size)
+        assert fault.killed_again == 1 and _server(demo.pid, judge=True) is None  # reaped by sh
+        with log.open("ab") as out:  # the demo's console wraps lines where it likes
+            out.write(b"[yellow]the judge's vLLM server died: judging 1\ngroup(s) again once it is back\n")
+        assert not _hold_judge_down(fault, demo, log, since=0)
+        assert fault.killed_again == 1
+    finally:
+        demo.kill()
+        demo.wait()
+    assert not _answers(pid)

@@ -9,7 +9,7 @@ import pytest
 
 from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
 from journeyman.backend.serving.vllm_config import core_list
-from journeyman.errors import ConfigError
+from journeyman.errors import ConfigError, ServerStartError
 
 
 def _server(tmp_path: Path, **settings: object) -> VLLMServer:
@@ -86,3 +86,20 @@ def test_a_float32_cpu_server_gets_batch_invariant_linear_layers(
         assert not {"JOURNEYMAN_CPU_EXACT", "MKL_CBWR", "VLLM_CPU_ATTN_SPLIT_KV"} & set(env)
     monkeypatch.setenv("JOURNEYMAN_CPU_EXACT", "0")  # the caller's choice stands
     assert _server(tmp_path, device="cpu", dtype="float32").environment()["JOURNEYMAN_CPU_EXACT"] == "0"
+
+
+def test_a_server_that_dies_while_starting_says_so_until_it_is_stopped(tmp_path: Path) -> None:
+    """What a watchdog reads: a restart killed before it answered is still a dead server (it
+    once read as 'not started', and the watchdog left it dead)."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho starting\nkill -9 $$\n")
+    python.chmod(0o755)
+    server = VLLMServer(
+        VLLMConfig(model=tmp_path, port=1, device="cpu"), log_path=tmp_path / "log", python=python
+    )
+    server.launch()
+    with pytest.raises(ServerStartError, match="exited with code -9 while starting"):
+        server.wait_healthy(timeout=30)
+    assert server.exit_code() == -9 and not server.is_running()
+    server.stop()
+    assert server.exit_code() is None
