@@ -25,7 +25,8 @@ Whenever the demo exits other than 0 the harness runs ``journeyman demo --resume
 finishes; a demo that completes no step for ``--stall`` seconds is killed and resumed, and counted
 as a stall. At the end ``journeyman check --on-policy`` must find every promise kept. Prints a
 table per fault (kind, phase, step, seconds from the fault to the next completed step, next to a
-step's usual seconds) and the held-out success of the report.
+step's usual seconds) and the held-out success of the report, and writes the faults beside the
+run's folder (``<name>.chaos.json``, its steps counted from 1, for ``python -m bench.chaos_pair``).
 
     python -m bench.chaos --faults 10 --seed 0 --steps 24        # the long run (bench/results.md)
     python -m bench.chaos --steps 4 --faults 4                   # like tests/faults' short one
@@ -46,7 +47,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -361,7 +362,14 @@ def run(
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     chaos.check_output, chaos.check_ok = check.stdout + check.stderr, check.returncode == 0
+    write_faults(faults, run_dir.parent / f"{run_dir.name}.chaos.json")  # for python -m bench.chaos_pair
     return chaos
+
+
+def write_faults(faults: list[Fault], path: Path) -> None:
+    """The faults as JSON, their steps counted from 1 (as the table and the demo's lines count)."""
+    rows = [{**asdict(f), "step": f.step + 1, "planned_step": f.planned_step + 1} for f in faults]
+    path.write_text(json.dumps(rows, indent=1))
 
 
 def table(chaos: ChaosRun) -> str:

@@ -32,7 +32,9 @@ def plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     figure, (axis, entropy_axis) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for k, (name, rows) in enumerate(runs.items()):
         color = f"C{k}"
-        steps = [r for r in rows if r.get("split") == "rollouts"]
+        steps = [
+            r for r in rows if r.get("split") == "rollouts" and "elapsed_s" in r
+        ]  # a restored row: no time
         minutes = [r["elapsed_s"] / 60 for r in steps]
         axis.plot(
             minutes,

@@ -196,7 +196,9 @@ def main() -> None:
     # journeyman's adapter after as many minutes of training as TRL had: the demo's rollout row
     # of version k carries the minutes at the end of training step k + 1
     done = [
-        r["step"] + 1 for r in rows if r.get("split") == "rollouts" and r["elapsed_s"] <= trl_minutes * 60
+        r["step"] + 1
+        for r in rows
+        if r.get("split") == "rollouts" and r.get("elapsed_s", 0) <= trl_minutes * 60
     ]
     our_step = max([s for s in store.checkpoint_steps() if s <= max(done, default=0)], default=0)
     ours = store.checkpoint_path(our_step) / "adapter"
@@ -214,7 +216,7 @@ def main() -> None:
     ours_curve = [
         (r["elapsed_s"] / 60, r["rollouts/right_tool_call"])
         for r in rows
-        if r.get("split") == "rollouts" and "rollouts/right_tool_call" in r
+        if r.get("split") == "rollouts" and "rollouts/right_tool_call" in r and "elapsed_s" in r
     ]
     figure, axis = plt.subplots(figsize=(7, 4))
     for label, points in [

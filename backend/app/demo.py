@@ -63,7 +63,7 @@ from .ui.app import start_viewer
 if TYPE_CHECKING:
     from ..local import LocalBackend
 
-__all__ = ["DEFAULT_JUDGE_MODEL", "Demo", "DemoConfig", "resume_config", "run_demo"]
+__all__ = ["DEFAULT_JUDGE_MODEL", "Demo", "DemoConfig", "restore_rollout_rows", "resume_config", "run_demo"]
 
 CONFIG_FILE = "demo_config.json"
 """The run's settings, written when it starts: what ``journeyman demo --resume`` runs again."""
@@ -78,6 +78,30 @@ def rollout_seed(run_seed: int, draw: str, question: int, sample: int) -> int:
     (a step, or the held-out set) of the run seeded ``run_seed``. Every held-out evaluation draws
     the same seeds, so before and after differ by the model, not by the draw."""
     return random.Random(f"{run_seed}/{draw}/{question}/{sample}").getrandbits(31)
+
+
+def restore_rollout_rows(store: jm.ModelStore) -> list[int]:
+    """The ``rollouts`` history rows of trained steps whose process died before it wrote them
+    (killed between the step's checkpoint and the row: the trainer restores its own row), made
+    again from the groups the step stored and marked ``recovered`` (their seconds are lost); the
+    steps restored."""
+    rows = store.read_history()
+    trained = {int(r["step"]) - 1 for r in rows if r.get("split") == "train"}  # a train row counts steps done
+    missing = sorted(trained - {int(r["step"]) for r in rows if r.get("split") == "rollouts"})
+    restored = []
+    for step in missing:
+        if groups := store.load_groups("train", step):
+            stats = summarize(groups)
+            store.append_history(
+                {
+                    "step": step,
+                    "split": "rollouts",
+                    **{f"rollouts/{k}": v for k, v in stats.items()},
+                    "recovered": 1,
+                }
+            )
+            restored.append(step)
+    return restored
 
 
 def resume_config(run_dir: Path) -> DemoConfig:
@@ -383,6 +407,8 @@ class Demo:
                     before = await self.evaluate(model, "before")
                     atomic_write(model.store.path / BEFORE_FILE, json.dumps(asdict(before)))
                 self.console.print(f"before: {evaluation_line(before)}")
+                if self.resume:
+                    restore_rollout_rows(model.store)
                 trained = self._trained_minutes(model)
                 if self.resume:
                     step = await model.get_step()

@@ -55,6 +55,7 @@ def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     plt = _pyplot()
 
     figure, axis = plt.subplots(figsize=(7, 4))
+    rows = sorted(rows, key=lambda r: r.get("step", 0))  # a row restored on resume comes after later steps
     train = [(r["step"], r["rollouts/success"]) for r in rows if "rollouts/success" in r]
     if train:
         axis.plot(*zip(*train, strict=True), marker="o", label="training rollouts (new questions)")

@@ -13,7 +13,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend.app.calculator import Scenario, make_scenarios, score, worked_plan
-from journeyman.backend.app.demo import DemoConfig, rollout_seed, run_demo
+from journeyman.backend.app.demo import DemoConfig, restore_rollout_rows, rollout_seed, run_demo
 from journeyman.backend.app.demo_report import summarize
 from journeyman.backend.app.plots import plot_demo
 from journeyman.backend.serving.vllm import free_port
@@ -308,3 +308,20 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
         and Demo(DemoConfig(base_model="qwen2.5-coder-0.5b")).gradient_checkpointing
     )
     assert not Demo(DemoConfig(judge="ruler", gradient_checkpointing=False)).gradient_checkpointing
+
+
+def test_a_resumed_run_restores_the_rollout_rows_its_killed_process_never_wrote(tmp_path: Path) -> None:
+    """Killed between a step's checkpoint and the demo's row (the trainer restores its own row), the
+    step's rollout success is made again from its stored groups, once."""
+    store = jm.ModelStore("demo", "run", root=tmp_path)
+    for step, groups in enumerate([_judged_groups(), _judged_groups()[:1]]):
+        store.save_groups(groups, "train", step)
+        store.append_history({"step": step + 1, "split": "train", "loss": 0.1})
+    store.append_history({"step": 0, "split": "rollouts", "rollouts/success": 0.5, "elapsed_s": 30.0})
+    assert restore_rollout_rows(store) == [1]
+    assert restore_rollout_rows(store) == []  # a second resume finds the row there
+    rows = [r for r in store.read_history() if r.get("split") == "rollouts"]
+    restored = rows[-1]
+    assert restored["step"] == 1 and restored["recovered"] == 1 and "elapsed_s" not in restored
+    assert restored["rollouts/success"] == 0.5 and restored["rollouts/n"] == 4
+    assert plot_demo(rows, tmp_path / "curve.png").exists()

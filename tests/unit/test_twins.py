@@ -1,10 +1,16 @@
-"""bench.twins: where two runs of one seed part, from their stored groups and checkpoints."""
+"""bench.twins: where two runs of one seed part, from their stored groups and checkpoints; and
+bench.chaos_pair, which draws a chaos run beside its twin."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 import journeyman as jm
+from bench.chaos import plan, write_faults
+from bench.chaos_pair import plot
 from bench.twins import ADAPTER, compare, table
 
 
@@ -55,3 +61,26 @@ def test_the_comparison_ends_where_either_run_has_no_checkpoint(tmp_path: Path) 
     rows = compare(first, second)
     assert len(rows) == 1
     assert table(rows).endswith("the runs never part")
+
+
+def test_chaos_pair_draws_a_run_beside_its_twin_with_its_faults(tmp_path: Path) -> None:
+    clean = _run(tmp_path, "clean", [[[5]], [[6]]], [b"w1", b"w2"])
+    chaos = _run(tmp_path, "chaos", [[[5]], [[6]]], [b"w1", b"w2"])
+    for folder in (clean, chaos):
+        store = jm.ModelStore.from_path(folder)
+        for step, success in enumerate([0.25, 0.75]):
+            store.append_history({"step": step, "split": "rollouts", "rollouts/success": success})
+        report = {
+            when: {"sampled": {"success": s}, "greedy": {"success": s}}
+            for when, s in [("before", 0.2), ("after", 0.6)]
+        }
+        (folder / "demo_report.json").write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match=r"chaos\.chaos\.json"):
+        plot(clean, chaos, tmp_path / "pair.png")
+    faults = plan(2, 2, ["kill", "judge"], seed=0, max_delay=1.0)
+    for fault, outcome in zip(faults, ["demo exited -9, resumed", "carried on"], strict=True):
+        fault.injected_at, fault.recovered_after, fault.outcome = 1.0, 60.0, outcome
+    write_faults(faults, chaos.parent / "chaos.chaos.json")
+    assert [f["step"] for f in json.loads((chaos.parent / "chaos.chaos.json").read_text())] == [1, 2]
+    out = plot(clean, chaos, tmp_path / "pair.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
