@@ -70,6 +70,8 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert all(any(f.stage == "judge" for f in g.failures) for g in judged_again)
     rows = [json.loads(line) for line in (store.path / "history.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in rows if r.get("split") == "train") == list(range(1, STEPS + 1))
+    # and one rollout row a step, the demo's own (restored on resume where a process died first)
+    assert sorted(r["step"] for r in rows if r.get("split") == "rollouts") == list(range(STEPS))
 
     # The same demo without faults, from scratch: the chaos run repeats it token for token.
     twin = run(
