@@ -16,16 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import KINDS
+from bench.compare_demo_runs import read
 from bench.twins import compare
 
 MARKERS = {"vllm": "v", "kill": "X", "interrupt": "s", "memory": "D", "judge": "^"}
-
-
-def _history(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "history.jsonl"
-    if not path.exists():
-        raise SystemExit(f"no {path}: give the demo's model folders (journeyman demo prints them)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _success(rows: list[dict[str, Any]]) -> dict[int, float]:
@@ -56,7 +50,7 @@ def plot(clean: Path, chaos: Path, out: Path) -> Path:
 
     figure, (axis, lost_axis) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     for name, folder, style in (("clean", clean, {"linewidth": 5, "alpha": 0.35}), ("chaos", chaos, {})):
-        success = _success(_history(folder))
+        success = _success(read(folder))
         axis.plot(list(success), list(success.values()), color="C0" if name == "clean" else "black",
                   label=f"{name}: {_held_out(folder)}", **style)  # fmt: skip
     for k, kind in enumerate(KINDS):
@@ -77,8 +71,8 @@ def plot(clean: Path, chaos: Path, out: Path) -> Path:
     axis.legend(loc="lower right", fontsize=8)
     lost_axis.set_xticks(range(len(faults)), [str(f["step"]) for f in faults])
     resumed = [i for i, f in enumerate(faults) if "resumed" in f["outcome"]]
-    lost_axis.scatter(resumed, [3] * len(resumed), marker="*", color="white", s=40, zorder=3,
-                      label="the demo exited and was resumed")  # fmt: skip
+    lost_axis.scatter(resumed, [3] * len(resumed), marker="*", color="white", edgecolors="black", linewidths=0.5,
+                      s=60, zorder=3, label="the demo exited and was resumed")  # fmt: skip
     lost_axis.set(xlabel="fault, at step", ylabel="s from the fault to the next step done")
     lost_axis.legend(fontsize=8)
     figure.tight_layout()

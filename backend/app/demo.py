@@ -86,7 +86,7 @@ def restore_rollout_rows(store: jm.ModelStore) -> list[int]:
     again from the groups the step stored and marked ``recovered`` (their seconds are lost); the
     steps restored."""
     rows = store.read_history()
-    trained = {int(r["step"]) - 1 for r in rows if r.get("split") == "train"}  # a train row counts steps done
+    trained = {int(r["step"]) - 1 for r in rows if r.get("split") == "train"}  # train rows count steps done
     missing = sorted(trained - {int(r["step"]) for r in rows if r.get("split") == "rollouts"})
     restored = []
     for step in missing:
@@ -407,8 +407,10 @@ class Demo:
                     before = await self.evaluate(model, "before")
                     atomic_write(model.store.path / BEFORE_FILE, json.dumps(asdict(before)))
                 self.console.print(f"before: {evaluation_line(before)}")
-                if self.resume:
-                    restore_rollout_rows(model.store)
+                if self.resume and (restored := restore_rollout_rows(model.store)):
+                    steps = ", ".join(str(step + 1) for step in restored)
+                    self.console.print(f"[yellow]step {steps}: rollout row lost with its process, made again from "
+                                       "its stored groups[/yellow]")  # fmt: skip
                 trained = self._trained_minutes(model)
                 if self.resume:
                     step = await model.get_step()
