@@ -18,6 +18,7 @@ from typing import Any
 from bench.chaos import KINDS
 from bench.compare_demo_runs import read
 from bench.twins import compare
+from journeyman.backend.app.plots import pyplot, save
 
 MARKERS = {"vllm": "v", "kill": "X", "interrupt": "s", "memory": "D", "judge": "^"}
 
@@ -35,11 +36,7 @@ def _held_out(folder: Path) -> str:
 
 
 def plot(clean: Path, chaos: Path, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     faults_file = chaos.parent / f"{chaos.name}.chaos.json"
     if not faults_file.exists():
         raise SystemExit(f"no {faults_file}: the chaos run's faults, written by python -m bench.chaos")
@@ -75,11 +72,7 @@ def plot(clean: Path, chaos: Path, out: Path) -> Path:
                       s=60, zorder=3, label="the demo exited and was resumed")  # fmt: skip
     lost_axis.set(xlabel="fault, at step", ylabel="s from the fault to the next step done")
     lost_axis.legend(fontsize=8)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
+    return save(figure, out)
 
 
 def main() -> None:

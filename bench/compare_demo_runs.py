@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from journeyman.backend.app.plots import pyplot, save
+
 
 def read(folder: Path) -> list[dict[str, Any]]:
     path = folder / "history.jsonl"
@@ -24,11 +26,7 @@ def read(folder: Path) -> list[dict[str, Any]]:
 
 
 def plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, (axis, entropy_axis) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for k, (name, rows) in enumerate(runs.items()):
         color = f"C{k}"
@@ -57,11 +55,7 @@ def plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     axis.legend(loc="lower right", fontsize=8)
     entropy_axis.set(xlabel="minutes of training", ylabel="entropy (nats a trained token)", ylim=(0, None))
     entropy_axis.legend(fontsize=8)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
+    return save(figure, out)
 
 
 if __name__ == "__main__":

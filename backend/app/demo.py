@@ -407,12 +407,14 @@ class Demo:
                     before = await self.evaluate(model, "before")
                     atomic_write(model.store.path / BEFORE_FILE, json.dumps(asdict(before)))
                 self.console.print(f"before: {evaluation_line(before)}")
-                if self.resume and (restored := restore_rollout_rows(model.store)):
-                    steps = ", ".join(str(step + 1) for step in restored)
-                    self.console.print(f"[yellow]step {steps}: rollout row lost with its process, made again from "
-                                       "its stored groups[/yellow]")  # fmt: skip
                 trained = self._trained_minutes(model)
                 if self.resume:
+                    if restored := restore_rollout_rows(
+                        model.store
+                    ):  # rows without seconds: minutes as they were
+                        steps = ", ".join(str(step + 1) for step in restored)
+                        self.console.print(f"[yellow]step {steps}: rollout row lost with its process, made again "
+                                           "from its stored groups[/yellow]")  # fmt: skip
                     step = await model.get_step()
                     self.console.print(f"resuming at step {step + 1} after {trained:.1f} min of training")
                 train_minutes = await self._train(model, train_config, judge, after_each, trained)

@@ -7,10 +7,11 @@ from typing import Any
 
 from journeyman.errors import JourneymanError, MissingDependencyError
 
-__all__ = ["plot_demo", "plot_history"]
+__all__ = ["plot_demo", "plot_history", "pyplot", "save"]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot, drawing to files only (an error says to install the bench extra)."""
     try:
         import matplotlib
     except ImportError as error:
@@ -21,9 +22,18 @@ def _pyplot() -> Any:
     return plt
 
 
+def save(figure: Any, out: Path, dpi: int = 100) -> Path:
+    """Lay ``figure`` out, write it to ``out`` (its folder made) and close it."""
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=dpi)
+    pyplot().close(figure)
+    return out
+
+
 def plot_history(rows: list[dict[str, object]], out: Path, title: str = "") -> Path:
     """Reward (train and val) and loss against the step; written to ``out``."""
-    plt = _pyplot()
+    plt = pyplot()
 
     if not rows:
         raise JourneymanError("history.jsonl is empty: train or log at least one step first")
@@ -43,16 +53,12 @@ def plot_history(rows: list[dict[str, object]], out: Path, title: str = "") -> P
     reward_axis.legend()
     loss_axis.set(xlabel="step", ylabel="loss", title="train loss")
     figure.suptitle(title)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
+    return save(figure, out)
 
 
 def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     """Rollout success per training step, with the held-out success before and after."""
-    plt = _pyplot()
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(7, 4))
     rows = sorted(rows, key=lambda r: r.get("step", 0))  # a row restored on resume comes after later steps
@@ -80,8 +86,4 @@ def plot_demo(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
         xlabel="model version (training steps done)", ylabel="success rate", ylim=(-0.02, 1.02), title=title
     )
     axis.legend(loc="lower right", fontsize=8)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    return out
+    return save(figure, out)
