@@ -8,8 +8,12 @@ export HF_HUB_OFFLINE := 1
 setup:  ## main environment, vLLM environment, embedded model
 	bash scripts/setup.sh
 
+# `make test TIERS=` runs every tier in one session, the slow one last (as CI does); PYTEST_ARGS adds options.
+TIERS ?= not slow
+PYTEST_ARGS ?=
+
 test: setup  ## unit, integration (real model, real vLLM environment), faults; all but the slow tier
-	$(PY) -m pytest tests -q -m "not slow" -rs --durations=40  # -rs: each skip and its reason, at the end
+	$(PY) -m pytest tests -q $(if $(TIERS),-m "$(TIERS)") -rs --durations=40 $(PYTEST_ARGS)  # -rs: each skip and its reason
 
 test-slow: setup  ## the longest end-to-end runs (Qwen demo, RULER demo, merged Qwen, memory hand-back, short chaos run)
 	$(PY) -m pytest tests -q -m slow --durations=10

@@ -160,7 +160,8 @@ class LocalBackend:
         self.gateway_app = Gateway(self.router, self.records)
         if self.gateway_thread:
             self.gateway = GatewayThread(self.gateway_app, port=self.gateway_port).start()
-        self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
+        if self._watchdog is None:  # a judge's server may have started first: its watchdog watches both
+            self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
 
     def _servers(self, config: VLLMConfig) -> InferenceServer:
         logs = self.root / "logs"

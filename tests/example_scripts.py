@@ -10,11 +10,13 @@ from types import ModuleType
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
-def load(name: str) -> ModuleType:
-    """An example script as a module (examples/ is no package: each script stands alone)."""
+def load(name: str, script: str | None = None) -> ModuleType:
+    """An example script as a module (examples/ is no package: each script stands alone);
+    ``script``: its file in the example's folder, when not named after the folder."""
     if f"example_{name}" in sys.modules:
         return sys.modules[f"example_{name}"]
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / name / f"{name}.py")
+    path = EXAMPLES / name / (script or f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -364,6 +364,22 @@ class Demo:
         self.calibrated = self.resume and await model.get_step() > 0
         return judge, after_each
 
+    async def _start_servers(self, model: jm.TrainableModel, backend: LocalBackend) -> None:
+        """The policy's server and trainer, and a local judge's server of its own beside them (both
+        vLLM servers start at once: each start is mostly one core's work)."""
+        c = self.config
+        own = c.judge == "ruler" and c.judge_base_url is None and not self.judge_is_policy_base
+        judge = asyncio.create_task(backend.start_judge(self.judge_model)) if own else None
+        try:
+            await model.register(backend)
+        except BaseException:
+            if judge is not None:  # its server is stopped as its start is cancelled
+                judge.cancel()
+                await asyncio.gather(judge, return_exceptions=True)
+            raise
+        if judge is not None:
+            await judge  # _judge finds its server started
+
     async def run(self) -> dict[str, Any]:
         from rich.console import Console
 
@@ -398,7 +414,7 @@ class Demo:
                 ) as self.http,
             ):
                 self.backend = backend
-                await model.register(backend)
+                await self._start_servers(model, backend)
                 self.records = backend.records
                 judge, after_each = await self._judging(model, backend)
                 self.console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")

@@ -38,6 +38,10 @@ __all__ = ["VLLMConfig", "VLLMServer", "cpu_has_bf16", "cuda_available", "free_p
 
 logger = logging.getLogger(__name__)
 
+PORT_RELAUNCHES = 3
+"""Launches on another port when a server finds the port it picked itself taken while it started."""
+_LAUNCH_MARK = "=== journeyman: "
+
 
 class VLLMServer:
     """A vLLM server subprocess: start, wait for health, load adapters, stop."""
@@ -208,7 +212,7 @@ class VLLMServer:
         command = self.command()
         logger.info("starting vLLM on %s (log: %s)", self.base_url, self.log_path)
         with open(self.log_path, "ab") as log:
-            log.write(f"\n=== journeyman: {' '.join(command)}\n".encode())
+            log.write(f"\n{_LAUNCH_MARK}{' '.join(command)}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
                 command,
@@ -220,15 +224,26 @@ class VLLMServer:
             )
 
     def wait_healthy(self, timeout: float | None = None) -> None:
-        """Block until the launched server answers ``/health``; raise with its log otherwise."""
+        """Block until the launched server answers ``/health``; raise with its log otherwise.
+
+        A free port is picked when the server launches, and vLLM binds it 10-20 s later, after its
+        imports. When a server on a port it picked itself (``port=None``) exits because the port
+        was taken meanwhile, it is launched again on another one, up to :data:`PORT_RELAUNCHES`
+        times, from this thread (which its life is then tied to, as in :meth:`launch`)."""
         self._wait_healthy(timeout or self.config.startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        relaunches = PORT_RELAUNCHES if self.config.port is None else 0
         assert self._process is not None
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
-                if (code := self._process.poll()) is not None:  # kept: exit_code() says it died, so
+                code = self._process.poll()
+                if code is not None and relaunches and self._address_in_use():
+                    relaunches -= 1
+                    self._launch_elsewhere()
+                    continue
+                if code is not None:  # kept: exit_code() says it died, so
                     raise ServerStartError(  # a watchdog restarts it again (stop() clears it)
                         f"vLLM exited with code {code} while starting. End of its log ({self.log_path}):\n"
                         f"{self.log_tail()}"
@@ -243,6 +258,17 @@ class VLLMServer:
             f"vLLM did not answer {self.base_url}/health within {timeout:.0f} s; it was stopped. "
             f"Raise startup_timeout if the machine is slow. End of its log ({self.log_path}):\n{self.log_tail()}"
         )
+
+    def _address_in_use(self) -> bool:
+        """Whether the last launch's log ends at a port that could not be bound."""
+        return "Address already in use" in self.log_tail().rpartition(_LAUNCH_MARK)[2]
+
+    def _launch_elsewhere(self) -> None:
+        taken = self.port
+        self.stop()  # what the dead server spawned, if anything
+        self.port = None
+        self.launch()
+        logger.warning("vLLM found port %s taken while it started; launched again on %s", taken, self.port)
 
     def is_running(self) -> bool:
         """True while the process lives (it may still be starting)."""

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+from typing import Any
 
 import httpx
 from langchain_core.messages import HumanMessage
@@ -44,10 +45,16 @@ async def rollout(agent, scenario: Scenario) -> jm.Trajectory:  # type: ignore[n
 # 3. The training loop. -------------------------------------------------------------------------
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
+    """Train; returns what a test checks: the model, the groups and a line of each step, the held-out
+    success before and after. ``backend``: a LocalBackend to share (default: one of its own)."""
+    if backend is None:
+        async with LocalBackend(root=args.root) as own:
+            return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model="smollm2-135m", root=args.root)
-    async with LocalBackend(root=args.root) as backend, httpx.AsyncClient(timeout=600) as http:
-        await model.register(backend)
+    await model.register(backend)
+    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
+    async with httpx.AsyncClient(timeout=600) as http:
         llm = ChatOpenAI(
             model=model.inference_name,  # the plain name follows the newest adapter
             base_url=model.inference_base_url,
@@ -68,7 +75,7 @@ async def main(args: argparse.Namespace) -> None:
             await model.log(groups, split="val")
             return statistics.fmean(t.reward or 0.0 for g in groups for t in g)
 
-        before = await evaluate()
+        summary["before"] = await evaluate()
         for batch in jm.iterate_dataset(
             train, per_step=args.scenarios_per_step, initial_step=await model.get_step()
         ):
@@ -81,13 +88,17 @@ async def main(args: argparse.Namespace) -> None:
             )
             result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate, loss="dapo"))
             print(f"step {result.step}: reward {result.metrics.get('reward/mean', 0):.2f}")
-        after = await evaluate()
+            summary["groups"].append(groups)
+            summary["lines"].append({"step": result.step, "failures": sum(len(g.failures) for g in groups)})
+        summary["after"] = await evaluate()
     print(
-        f"held-out success: {before:.0%} -> {after:.0%}; trajectories and checkpoints in {model.store.path}"
+        f"held-out success: {summary['before']:.0%} -> {summary['after']:.0%}; "
+        f"trajectories and checkpoints in {model.store.path}"
     )
+    return summary
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -101,4 +112,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--name", default="calc-agent")
     parser.add_argument("--root", default=None, help="store root (default: ./.journeyman)")
-    asyncio.run(main(parser.parse_args()))
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -36,7 +36,7 @@ GOOD = {"conversation": [{"role": "user", "content": "hi"}], "reward": 1.0}
         ({"reward": "high"}, "reward", "valid number"),
         ({"reward": float("nan")}, "reward", "finite number"),
         ({"metrics": {"x": "fast"}}, "metrics.x", "valid number"),
-        ({"metadata": {"x": [1]}}, "metadata.x", ""),
+        ({"metadata": {"x": [1]}}, "metadata.x", "valid string (got [1])"),  # the first scalar it may be
         ({"colour": "red"}, "colour", "Extra inputs"),
         (
             {

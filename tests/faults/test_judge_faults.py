@@ -56,9 +56,11 @@ def _group() -> jm.TrajectoryGroup:
     )
 
 
-@pytest.mark.parametrize("fault", ["down", "silent"])
+@pytest.mark.parametrize(
+    ("fault", "why"), [("down", "could not reach judge 'judge'"), ("silent", "did not answer within 1.0 s")]
+)
 async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
-    fault: str, silent_port: int, tmp_path: Path
+    fault: str, why: str, silent_port: int, tmp_path: Path
 ) -> None:
     port = _closed_port() if fault == "down" else silent_port
     judge = jm.Judge("judge", base_url=f"http://127.0.0.1:{port}/v1", timeout=1.0, max_retries=1,
@@ -78,7 +80,8 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
     (group,) = groups
     (failure,) = group.failures
     assert failure.stage == "judge" and failure.type == "JudgeError"
-    assert "2 attempt" in failure.message or "attempts" in failure.message, failure.message
+    assert "for 2 trajectories in 2 attempts: attempt 1: " in failure.message, failure.message
+    assert failure.message.count(why) == 2, failure.message  # each attempt's own reason
     assert [t.reward for t in group] == [None, None]  # not trained on with invented scores
     assert sorted(t.metrics["programmatic_reward"] for t in group) == [0.0, 1.0]  # the earlier reward is kept
 

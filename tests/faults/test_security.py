@@ -15,6 +15,7 @@ from journeyman.backend.app.server import MAX_BODY_BYTES, check_bind, create_app
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.serving.gateway import Gateway, RecordLog
 from journeyman.backend.serving.router import Router
+from tests.logs import reaching_caplog
 from tests.scripted_upstream import Reply, ScriptedUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,21 +116,29 @@ async def test_the_token_is_never_forwarded_upstream_or_logged(
     served: tuple[httpx.AsyncClient, ScriptedUpstream], caplog: pytest.LogCaptureFixture
 ) -> None:
     http, upstream = served
+    # A call with a list for arguments: the gateway logs (INFO) that it returned it as text.
+    call = {"id": "t1", "type": "function", "function": {"name": "add", "arguments": "[3, 4]"}}
     reply = {"id": "c1", "object": "chat.completion", "model": "smollm2",
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop",
-                          "token_ids": [5]}], "prompt_token_ids": [1, 2]}  # fmt: skip
+             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "tool_calls": [call]},
+                          "finish_reason": "tool_calls", "token_ids": [5]}], "prompt_token_ids": [1, 2]}  # fmt: skip
     upstream.replies += [Reply(body=reply), Reply(status=500, body={"error": {"message": "boom"}})]
     caplog.set_level(logging.DEBUG)
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
     auth = {"Authorization": f"Bearer {TOKEN}", "X-Api-Key": TOKEN}
-    assert (await http.post("/v1/chat/completions", json=body, headers=auth)).status_code == 200
-    assert (await http.post("/v1/chat/completions", json=body, headers=auth)).status_code == 500
-    wrong = await http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}x"})
+    with reaching_caplog("journeyman"):
+        assert (await http.post("/v1/chat/completions", json=body, headers=auth)).status_code == 200
+        assert (await http.post("/v1/chat/completions", json=body, headers=auth)).status_code == 500
+        wrong = await http.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}x"}
+        )
     assert wrong.status_code == 401 and TOKEN not in wrong.text
     assert len(upstream.headers) == 2
     for headers in upstream.headers:
         assert TOKEN not in repr(headers) and "authorization" not in headers
     assert TOKEN not in repr(upstream.received)
+    # The gateway's own line is there: journeyman's logging did reach the capture checked below.
+    line = "returned 1 tool call(s) with non-object arguments as text"
+    assert ("journeyman.backend.serving.gateway", logging.INFO, line) in caplog.record_tuples
     assert TOKEN not in caplog.text
 
 

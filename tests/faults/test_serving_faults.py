@@ -27,8 +27,6 @@ from journeyman.backend.serving.vllm import free_port
 from tests.waits import until
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(900)
-
 # A gateway in a process of its own, in front of the module's vLLM server, so it can be SIGKILLed.
 GATEWAY = textwrap.dedent(
     """
@@ -66,7 +64,8 @@ def _start_gateway(upstream: str, records: Path, port: int) -> subprocess.Popen[
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return process
         except httpx.HTTPError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)  # after any other answer too, not only a refused connection
     process.kill()
     raise AssertionError("the gateway process did not start")
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("unsloth")
 
-import journeyman as jm  # noqa: E402
-from journeyman.backend.training.trainer import Trainer  # noqa: E402
-from journeyman.config import TrainConfig  # noqa: E402
-from tests.integration.test_trainer import _groups, _snapshot  # noqa: E402
+import journeyman as jm
+from journeyman.backend.training.trainer import Trainer
+from journeyman.config import TrainConfig
+from tests.integration.test_trainer import _groups, _snapshot
 
 
 def test_unsloth_step_updates_lora_weights_only(tmp_path: Path) -> None:

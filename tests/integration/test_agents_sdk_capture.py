@@ -28,10 +28,23 @@ from journeyman.integrations.openai_agents import AgentsTracer
 from tests.integration.conftest import SERVED_BASE
 from tests.integration.test_langgraph_capture import check_token_exact
 
-# The 135M calls a tool when it must: the first turn requires one, and the SDK sets tool_choice
-# back to auto after a tool ran, so the run ends with a text answer.
-SETTINGS = ModelSettings(tool_choice="required", max_tokens=64, temperature=0.7)
 CALC = "You add numbers with the add tool."
+
+
+def _settings(seed: int) -> ModelSettings:
+    """The 135M calls a tool when it must: the first turn requires one, and the SDK sets
+    tool_choice back to auto after a tool ran, so the run ends with a text answer. Each request
+    carries ``seed`` (vLLM's seeded sampling): a run samples the same path every time."""
+    return ModelSettings(tool_choice="required", max_tokens=64, temperature=0.7, extra_body={"seed": seed})
+
+
+SETTINGS = _settings(0)
+HANDOFF_SEED = 0
+"""A seed with which triage hands the run to calc, which then calls the model itself (here: 4
+calls; with seed 5 triage answered at once)."""
+CONCURRENT_SEEDS = (0, 1, 2)
+"""Seeds with which each of the three concurrent runs calls the model at least twice (here: 4, 2
+and 2 calls, the same in every batch the runs shared)."""
 
 
 @function_tool
@@ -79,14 +92,14 @@ async def _run(agent: Agent[Any], question: str, stream: bool) -> bool:
 
 
 def _traced(gateway: GatewayThread, agent: Agent[Any], stream: bool, tries: int = 4) -> AgentsTracer:
-    """The tracer of a run whose model answered after the tool's result. Sampled at T=0.7, the
-    135M now and then stops short of that: a streamed Responses run ends at a reply cut by
-    ``max_tokens`` (the tracer counts that call as failed), or its first reply is taken as the
-    final answer (vLLM's Responses API applies only ``tool_choice="auto"``, vllm-project/vllm#23227,
-    so ``required`` does not hold it to a tool call there)."""
-    for _ in range(tries):
+    """The tracer of a run whose model answered after the tool's result, trying seeds 0, 1, ... in
+    turn. Sampled at T=0.7, the 135M now and then stops short of that: a streamed Responses run
+    ends at a reply cut by ``max_tokens`` (the tracer counts that call as failed), or its first
+    reply is taken as the final answer (vLLM's Responses API applies only ``tool_choice="auto"``,
+    vllm-project/vllm#23227, so ``required`` does not hold it to a tool call there)."""
+    for seed in range(tries):
         with _tracer(gateway) as tracer:
-            cut = asyncio.run(_run(agent, "What is 3 plus 4?", stream))
+            cut = asyncio.run(_run(agent.clone(model_settings=_settings(seed)), "What is 3 plus 4?", stream))
         metrics = tracer.trajectory.metrics
         if cut:
             assert metrics["llm_errors"] == 1, metrics  # the cut call is recorded as failed, not dropped
@@ -120,14 +133,14 @@ def test_a_tool_using_run_is_captured_token_exact(
 
 
 def test_a_handoff_becomes_a_second_history(gateway: GatewayThread, tokenizer: Any) -> None:
-    model = _model(gateway, "chat")
-    calc = Agent(name="calc", instructions=CALC, tools=[add], model=model, model_settings=SETTINGS)
+    model, settings = _model(gateway, "chat"), _settings(HANDOFF_SEED)
+    calc = Agent(name="calc", instructions=CALC, tools=[add], model=model, model_settings=settings)
     triage = Agent(
         name="triage",
         instructions="Hand questions to calc.",
         handoffs=[calc],
         model=model,
-        model_settings=SETTINGS,
+        model_settings=settings,
     )
     with _tracer(gateway) as tracer:
         asyncio.run(_run(triage, "What is 3 plus 4?", False))
@@ -161,31 +174,33 @@ def test_a_tool_that_raises_is_recorded_and_the_run_goes_on(gateway: GatewayThre
 def test_concurrent_runs_are_kept_apart(gateway: GatewayThread) -> None:
     questions = [f"What is {a} plus {a + 1}?" for a in (2, 5, 11)]
 
-    async def one(question: str) -> jm.Trajectory:
+    async def one(question: str, seed: int) -> jm.Trajectory:
         agent = Agent(
             name="calc",
             instructions=CALC,
             tools=[add],
             model=_model(gateway, "chat"),
-            model_settings=SETTINGS,
+            model_settings=_settings(seed),
         )
         with _tracer(gateway) as tracer:
             await _run(agent, question, False)
         return tracer.trajectory
 
     async def all_of() -> list[jm.Trajectory]:
-        return list(await asyncio.gather(*(one(q) for q in questions)))
+        return list(
+            await asyncio.gather(*(one(q, s) for q, s in zip(questions, CONCURRENT_SEEDS, strict=True)))
+        )
 
     trajectories = asyncio.run(all_of())
     assert [t.messages[1].content for t in trajectories] == questions
     ids = [{turn.completion_id for turn in t.model_turns} for t in trajectories]
     assert all(ids) and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
-    for question, trajectory in zip(questions, trajectories, strict=True):  # each call asked its own
+    for question, seed, trajectory in zip(questions, CONCURRENT_SEEDS, trajectories, strict=True):
         assert trajectory.metrics["token_exact_calls"] == trajectory.metrics["llm_calls"] >= 2
-        for turn in trajectory.model_turns:
+        for turn in trajectory.model_turns:  # each call asked its own question, with its run's seed
             record = gateway.gateway.records.get(turn.completion_id or "")
             assert record is not None and record.messages is not None
-            assert record.messages[1]["content"] == question
+            assert record.messages[1]["content"] == question and record.sampling["seed"] == seed
 
 
 def test_with_tracing_disabled_the_tracer_says_so(gateway: GatewayThread) -> None:

@@ -44,7 +44,8 @@ async def _sample(
     return [(t["token"], t["logprob"]) for t in response.json()["choices"][0]["logprobs"]["content"]]
 
 
-@pytest.mark.slow  # a float32 server of its own: about two minutes
+@pytest.mark.slow  # a float32 server of its own: about two and a half minutes here
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(cuda_available(), reason="the plugin serves vLLM's CPU backend")
 async def test_a_seeded_request_samples_the_same_alone_or_among_others(
     model_dir: Path, tmp_path: Path

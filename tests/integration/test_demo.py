@@ -28,7 +28,7 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     assert report["before"]["step"] == 0 and report["after"]["step"] == 1
     assert report["config"]["base_model"] == "smollm2-135m" and report["worked_share"] == 1.0
     for part in ("sampled", "greedy", "zero_shot", "zero_shot_sampled"):
-        assert report["after"][part]["n"] == 2 and 0 <= report["after"][part].get("success", 0) <= 1
+        assert report["after"][part]["n"] == 2 and 0 <= report["after"][part]["success"] <= 1
     assert store.checkpoint_steps()[-1] == 1
     assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"
     # Trajectories on disk: the training groups and each evaluation, captured token-exact.

@@ -22,7 +22,6 @@ TOKEN = "dp-token"
 CONFIG = TrainConfig(learning_rate=5e-3)
 
 
-@pytest.mark.timeout(900)
 async def test_serve_under_torchrun_trains_each_step_on_both_ranks(tmp_path: Path, tokenizer: Any) -> None:
     from safetensors.torch import load_file
 

@@ -217,7 +217,6 @@ def moved(after: dict[str, Any], before: dict[str, Any]) -> int:
     return sum(not torch.equal(value, before[name]) for name, value in after.items())
 
 
-@pytest.mark.timeout(900)
 def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path: Path, model_dir: Path) -> None:
     run_ranks(tmp_path, "smollm2-135m", "dp")
     single = OneProcess("smollm2-135m", tmp_path / "single")
@@ -235,7 +234,6 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path: Path, model_
     assert jm.ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
 
 
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("base", ["tiny", "smollm2-135m"])
 def test_fsdp_ranks_take_the_same_steps_as_one_process(tmp_path: Path, model_dir: Path, base: str) -> None:
     """The base model's layers sharded across two ranks: the same gradients and adapter as one

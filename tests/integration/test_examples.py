@@ -9,6 +9,7 @@ counted), not what the model learned.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import journeyman as jm
 from journeyman.backend import LocalBackend
 from tests.example_scripts import load
 from tests.integration.test_langgraph_capture import check_token_exact
+from tests.waits import until
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -46,6 +48,8 @@ async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> Non
     trained = [r for g in groups for r in g.rewards]
     if trained:  # the trainer saw the same rewards the example reports
         assert history[0]["reward/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+    else:  # no rollout was scored (each failed, or its judging did): the step had no reward to report
+        assert "reward/mean" not in history[0]
     # A gradient step happens exactly when some group's rewards differ (else the adapter is kept).
     assert ("train/loss" in history[0]) is any(len(set(g.rewards)) > 1 for g in groups)
     assert summary["lines"][0]["failures"] == sum(len(g.failures) for g in groups)
@@ -54,6 +58,33 @@ async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> Non
 def check_sampled_by_base(trajectory: jm.Trajectory) -> None:
     """Step 0 serves the base model: every turn of the step's rollouts came from version 0."""
     assert trajectory.initial_policy_version == trajectory.final_policy_version == 0
+
+
+# langgraph_calculator -------------------------------------------------------------------------
+
+
+async def test_langgraph_calculator_example_trains_one_step(
+    backend: Any, tokenizer: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from journeyman.backend.app.calculator import make_scenarios, score
+
+    example = load("langgraph_calculator", "train.py")
+    tiny = "--steps 1 --scenarios-per-step 2 --group-size 2 --val 2 --val-samples 1 --max-tokens 40"
+    args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
+    summary = await example.main(args, backend)
+    await check_trained_and_served(backend, summary)
+    printed = capsys.readouterr().out
+    assert "step 1: reward" in printed and "held-out success:" in printed
+    assert summary["model"].store.steps("val") == [0, 1]
+    groups = summary["groups"][0]
+    assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    first = next(iter(jm.iterate_dataset(make_scenarios(args.train, seed=0), per_step=2))).items
+    for trajectory in (t for g in groups for t in g):
+        asked = {m.content for m in trajectory.messages if m.role == "user"}
+        [scenario] = [s for s in first if s.question in asked]  # one of the step's questions
+        assert trajectory.reward == score(copy.deepcopy(trajectory), scenario).reward  # the example's check
+        check_sampled_by_base(trajectory)
+        check_token_exact(trajectory, backend.gateway, tokenizer)
 
 
 # tic_tac_toe ----------------------------------------------------------------------------------
@@ -216,13 +247,13 @@ async def test_an_interrupted_example_run_goes_on_at_its_next_step_with_the_same
     args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
     store = jm.ModelStore("examples", args.name, root=tmp_path)
     first = asyncio.create_task(example.main(args, backend))
-    while (
-        backend.router is None
-        or backend.router.deployments.get(args.name) is None
-        or (backend.router.resolve(args.name)[1] < 1)
-    ):  # step 1 trained and served: the second step's rollouts are running
+
+    def second_step_running() -> bool:  # step 1 trained and served: the second step's rollouts run
         assert not first.done(), first
-        await asyncio.sleep(0.1)
+        deployed = backend.router is not None and backend.router.deployments.get(args.name) is not None
+        return deployed and backend.router.resolve(args.name)[1] >= 1
+
+    await until(second_step_running, "the first step trained and served", timeout=600)
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -246,10 +277,12 @@ async def test_pydantic_ai_example_trains_one_step(backend: Any, tokenizer: Any,
     await check_trained_and_served(backend, summary)
     groups = summary["groups"][0]
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
+    answers = {q["id"]: q["answer"] for q in example.questions(args.questions * args.steps, args.seed)}
     for trajectory in (t for g in groups for t in g):
-        answer = trajectory.metadata["final_output"]
-        assert trajectory.reward == (0.0 if answer is None else trajectory.reward)
-        assert trajectory.reward in (0.0, 0.1, 1.0) and trajectory.metrics["tracer_errors"] == 0
+        # The example's reward: 0 without an answer, 1 for the right number, 0.1 for another.
+        output, right = trajectory.metadata["final_output"], answers[trajectory.metadata["scenario_id"]]
+        assert trajectory.reward == (0.0 if output is None else 1.0 if output == right else 0.1)
+        assert trajectory.metrics["tracer_errors"] == 0
         assert 1 <= trajectory.metrics["llm_calls"] <= args.max_requests
         assert trajectory.metrics["calls_without_tokens"] == 0
         check_sampled_by_base(trajectory)

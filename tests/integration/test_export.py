@@ -17,7 +17,8 @@ from .conftest import FAMILIES, Served, make_adapter
 
 MAX_NEW_TOKENS = 16
 NEAR_TIE = 0.5
-"""Logits closer than this: bf16 serving and an fp32 check may pick either token."""
+"""Logits closer than this: bf16 serving and an fp32 check may pick either token. 0.5 is about 3x
+the one gap measured where they parted (0.15, the 135M on an AVX512-BF16 host, both formats)."""
 
 
 @pytest.fixture
@@ -76,7 +77,11 @@ async def _served_tokens(served: Served, name: str) -> list[list[int]]:
     return tokens
 
 
-@pytest.mark.parametrize("family", [FAMILIES[0], pytest.param(FAMILIES[1], marks=pytest.mark.slow)])
+QWEN_MARKS = [pytest.mark.slow, pytest.mark.timeout(600)]
+"""Qwen's GGUF case took 2 minutes here (its export loads back through transformers' GGUF reader)."""
+
+
+@pytest.mark.parametrize("family", [FAMILIES[0], pytest.param(FAMILIES[1], marks=QWEN_MARKS)])
 @pytest.mark.parametrize(("fmt", "gguf_type", "tolerance"), [("hf", "f16", 0.5), ("gguf", "f16", 0.5)])
 async def test_export_writes_what_the_served_step_writes(
     served: Served, trained: ModelStore, tmp_path: Path, fmt: str, gguf_type: str, tolerance: float
@@ -85,7 +90,9 @@ async def test_export_writes_what_the_served_step_writes(
         f"export-{served.family[:4]}-{fmt}-{gguf_type}", trained.checkpoint_path(1) / "adapter", 1
     )
     served_tokens = await _served_tokens(served, name)
-    assert served_tokens != await _served_tokens(served, served.name)  # the step is not the base model
+    # The step is not the base model: scale 0.2 is twice the scale at which an AMX host served the
+    # 135M's greedy tokens unchanged (a host that still does needs a larger scale, not no check).
+    assert served_tokens != await _served_tokens(served, served.name)
     export = export_step(trained, tmp_path / "out", format=fmt, gguf_type=gguf_type)  # type: ignore[arg-type]
     check = check_export(export, CHECK_PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
     assert check.ok, check.texts  # the export writes what peft writes with the checkpoint

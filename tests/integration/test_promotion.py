@@ -1,6 +1,7 @@
-"""Gated promotion through LocalBackend with the real vLLM server: a better step is promoted, a worse
-one is served as ``name@step`` while production keeps the promoted step, a rollback moves the plain
-name back while a running request finishes on its version, and a restart serves the promoted step."""
+"""Gated promotion through LocalBackend with the real vLLM server: a rewarded answer becomes more
+likely in vLLM after the redeploy, so the better step is promoted; a worse one is served as
+``name@step`` while production keeps the promoted step, a rollback moves the plain name back while a
+running request finishes on its version, and a restart serves the promoted step."""
 
 from __future__ import annotations
 
@@ -11,22 +12,29 @@ import httpx
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.backend.serving.engine import Engine
+from tests.waits import until
 
 QUESTION = [{"role": "user", "content": "Name a colour."}]
 
 
 async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_goes_back(
-    tmp_path: Path,
+    tmp_path: Path, shared_engine: Engine
 ) -> None:
-    async with LocalBackend(root=tmp_path) as backend, httpx.AsyncClient(timeout=120) as http:
+    # The session's server until the restart at the end, which starts one of its own.
+    async with (
+        LocalBackend(root=tmp_path, engine=shared_engine) as backend,
+        httpx.AsyncClient(timeout=120) as http,
+    ):
         model = jm.TrainableModel(name="gated", project="test", base_model="smollm2-135m", root=tmp_path)
         await model.register(backend)
         assert backend.server is not None and backend.router is not None and backend.records is not None
+        base = backend.server.config.served_name
         client = model.openai_client()
 
         async def sample() -> jm.Trajectory:
             response = await client.chat.completions.create(
-                model=model.name, messages=QUESTION, max_tokens=8, temperature=1.0
+                model=model.name, messages=QUESTION, max_tokens=8, temperature=1.0, seed=None
             )
             record = backend.records.get(response.id)  # type: ignore[union-attr]
             assert record is not None
@@ -37,27 +45,40 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         assert len(set(answers)) > 1, "eight samples at temperature 1 were all the same"
         target, prompt = answers[0], list(trajectories[0].model_turns[-1].prompt_token_ids or [])
 
-        async def evaluate(name: str) -> list[jm.Trajectory]:
-            """The held-out check: log p(target answer) under what ``name`` is served as now."""
+        async def vllm_logprob(name: str, answer: tuple[int, ...]) -> float:
+            """log p(answer | prompt) under what vLLM serves for ``name`` now."""
             served, _ = backend.router.resolve(name)  # type: ignore[union-attr]
-            body = {"model": served, "prompt": prompt + list(target), "max_tokens": 1, "prompt_logprobs": 0}
+            body = {"model": served, "prompt": prompt + list(answer), "max_tokens": 1, "prompt_logprobs": 0}
             reply = await http.post(f"{backend.server.base_url}/v1/completions", json=body)  # type: ignore[union-attr]
             reply.raise_for_status()
             positions = reply.json()["choices"][0]["prompt_logprobs"][len(prompt) :]
-            logprob = sum(next(iter(p.values()))["logprob"] for p in positions)
-            return [jm.Trajectory(conversation=QUESTION, reward=logprob)]
+            return sum(next(iter(p.values()))["logprob"] for p in positions)
+
+        async def evaluate(name: str) -> list[jm.Trajectory]:
+            """The held-out check: log p(target answer) under what ``name`` is served as now."""
+            return [jm.Trajectory(conversation=QUESTION, reward=await vllm_logprob(name, target))]
 
         def rewarded(sign: float) -> list[jm.TrajectoryGroup]:
             for trajectory, answer in zip(trajectories, answers, strict=True):
                 trajectory.reward = sign * (1.0 if answer == target else 0.0)
             return [jm.TrajectoryGroup(trajectories)]
 
-        # Step 1 rewards the target answer: served as gated@1 only, then promoted by the gate.
+        others = sorted({a for a in answers if a != target})
+        before = [await vllm_logprob("gated", a) for a in others]
+        # The read-back (a prefill) is the sampler's own number (a decode), up to their numeric noise.
+        sampled = sum(lp or 0.0 for lp in trajectories[0].model_turns[-1].logprobs or [])
+        read_back = await vllm_logprob("gated", target)
+        assert abs(read_back - sampled) < 0.05 * max(1.0, abs(sampled)), (read_back, sampled)
+
+        # Step 1 rewards the target answer: served as gated@1 only, then promoted by the gate, as
+        # vLLM now gives the target a higher probability, and the answers rewarded 0 a lower one.
         step1 = await model.train(rewarded(+1), jm.TrainConfig(learning_rate=1e-3), promote=False)
-        assert backend.router.resolve("gated") == ("base", 0)
+        assert backend.router.resolve("gated") == (base, 0)
         assert backend.router.resolve("gated@1") == ("gated@1", 1)
         better = await jm.promote_if_better(model, step1.step, evaluate)
         assert better.promoted and better.candidate > better.incumbent, better
+        after = [await vllm_logprob("gated", a) for a in others]
+        assert sum(after) < sum(before), (before, after)
         assert backend.router.resolve("gated") == ("gated@1", 1) and await model.promoted_step() == 1
 
         # Step 2 punishes it: worse on the check, so it is served by name and production stays.
@@ -89,16 +110,20 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         await model.canary(step2.step, 0)
         assert await served_for("after-the-canary") == "gated@1"
 
-        # A rollback while a request runs: it finishes on the version it started with.
+        # A rollback while a request runs: it finishes on the version it started with. It runs its
+        # 48 tokens whatever it samples (no end-of-sequence to stop at), seconds on this machine.
         running = asyncio.create_task(
-            client.chat.completions.create(model="gated", messages=QUESTION, max_tokens=48, temperature=1.0)
-        )
-        await asyncio.sleep(0.5)
-        assert not running.done()
+            client.chat.completions.create(
+                model="gated", messages=QUESTION, max_tokens=48, temperature=1.0,
+                extra_body={"min_tokens": 48, "ignore_eos": True},
+            )
+        )  # fmt: skip
+        await until(lambda: backend.router.in_flight("gated@1") == 1, "the request to run on gated@1")  # type: ignore[union-attr]
         assert await model.rollback() == 0
+        assert not running.done()  # the rollback came while it ran
         finished = await running
         assert backend.records.get(finished.id).served_model == "gated@1"  # type: ignore[union-attr]
-        assert backend.router.resolve("gated") == ("base", 0)
+        assert backend.router.resolve("gated") == (base, 0)
         await model.canary(step2.step, 0.5)  # left running: a restart takes it up again
 
     moves = [(row["action"], row["step"], row["by"]) for row in model.store.read_promotions()]

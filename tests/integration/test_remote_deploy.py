@@ -42,7 +42,8 @@ def _serve(tmp_path: Path, name: str, token: str, *extra: str) -> tuple[str, sub
             if httpx.get(f"{url}/health").status_code == 200:
                 return url, process
         except httpx.HTTPError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)  # after any other answer too, not only a refused connection
     process.kill()
     pytest.fail((tmp_path / f"{name}.log").read_text()[-3000:])
 

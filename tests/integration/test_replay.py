@@ -17,6 +17,7 @@ from langfuse import Langfuse
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.backend.serving.engine import Engine
 from journeyman.integrations.langfuse import import_trajectories
 from journeyman.integrations.langgraph import TrajectoryTracer
 from tests.langfuse_server import LangfuseServer
@@ -38,9 +39,9 @@ def _agent(model: jm.TrainableModel, temperature: float) -> object:
 
 
 async def test_production_traces_replayed_as_groups_train_and_link_back(
-    tmp_path: Path, server: LangfuseServer, client: Langfuse
+    tmp_path: Path, server: LangfuseServer, client: Langfuse, shared_engine: Engine
 ) -> None:
-    async with LocalBackend(root=tmp_path) as backend:
+    async with LocalBackend(root=tmp_path, engine=shared_engine) as backend:  # the session's server
         model = jm.TrainableModel(name="prod", project="test", base_model="smollm2-135m", root=tmp_path)
         await model.register(backend)
 
@@ -137,13 +138,20 @@ def test_the_replay_command_trains_gated_steps_from_a_scenario_file_and_resumes(
     trained = {g.metadata["source_trace"] for step in (0, 1) for g in store.load_groups("train", step)}
     assert len(held) == 1 and trained == {"trace-0", "trace-1", "trace-2"} - held
 
-    # Run again on the same root: one more step, the next batch of the same order, the same held-out set.
-    again = CliRunner().invoke(
-        app, [*args[: args.index("--steps")], "--steps", "1", *args[args.index("--steps") + 2 :]]
-    )
+    # Run again on the same root: one more step, the next batch of the same order, the same held-out
+    # set, and a gate no step can pass: held-out rewards lie in [0, 1], so a gain is at most 1 < 1.5
+    # (at exactly 1 a candidate scoring 1 against 0 would still be promoted).
+    again_args = [*args[: args.index("--steps")], "--steps", "1", *args[args.index("--steps") + 2 :]]
+    again_args[again_args.index("--min-delta") + 1] = "1.5"
+    again = CliRunner().invoke(app, again_args)
     assert again.exit_code == 0, again.output + repr(again.exception)
     assert "step 3:" in again.output and "step 1:" not in again.output
+    assert "held (step 2 stays)" in again.output and "promoted" not in again.output
     assert store.checkpoint_steps()[-1] == 3
+    hold = [r for r in store.read_promotions() if r["by"] == "gate"][2:]
+    assert [(r["action"], r["step"], r["from_step"]) for r in hold] == [("hold", 3, 2)]
+    assert hold[0]["gate"]["promoted"] is False and hold[0]["gate"]["min_delta"] == 1.5
+    assert store.promoted_step() == 2  # production keeps the step the first run promoted
     assert {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")} == held
     train = jm.read_scenarios(store.path / "replay-train.jsonl")
     order = jm.iterate_dataset(train, per_step=2, epochs=3)

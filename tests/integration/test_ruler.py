@@ -16,6 +16,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.backend.serving.engine import Engine
 from journeyman.backend.serving.gateway import GatewayThread
 from tests.integration.conftest import SERVED_BASE
 from tests.waits import until
@@ -66,8 +67,8 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
 TASKS = ["Name a fruit. Answer with one word.", "What is 3+4? Answer with a number."]
 
 
-async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path) -> None:
-    async with LocalBackend(root=tmp_path) as backend:
+async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shared_engine: Engine) -> None:
+    async with LocalBackend(root=tmp_path, engine=shared_engine) as backend:  # the session's server
         model = jm.TrainableModel(name="ruled", project="test", base_model="smollm2-135m", root=tmp_path)
         await model.register(backend)
         assert backend.router is not None and backend.records is not None

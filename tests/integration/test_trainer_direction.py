@@ -29,6 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import journeyman as jm
 from journeyman.backend.training import loss as L
+from journeyman.backend.training import trainer as trainer_module
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import LossType, TrainConfig
 
@@ -101,6 +102,37 @@ def on_policy(trainer: Trainer, items: list[Answer]) -> list[Answer]:
         for answer in items:
             answer.sampling = token_logprobs(trainer, answer).tolist()
     return items
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_model_load() -> Iterator[None]:
+    """The base model loads once for the module (about 50 trainers): each later fresh trainer gets
+    it back as a fresh load leaves it, its adapter the seed's initial one (the same seed gives the
+    same weights), no gradient, in eval mode. A trainer of the module is done with before the
+    next is made, so they can share it."""
+    real = trainer_module.load_transformers
+    loaded: dict[str, tuple[Any, Any, dict[str, torch.Tensor]]] = {}
+
+    def load(path: Path | str, checkpoint: Path | None, **options: Any) -> tuple[Any, Any]:
+        if checkpoint is not None:
+            return real(path, checkpoint, **options)
+        key = f"{path} {sorted(options.items())}"
+        if key not in loaded:
+            model, tokenizer = real(path, None, **options)
+            initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            loaded[key] = model, tokenizer, initial
+        model, tokenizer, initial = loaded[key]
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name in initial:
+                    parameter.copy_(initial[name])
+                    parameter.grad = None
+        model.eval()
+        return model, tokenizer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module, "load_transformers", load)
+        yield
 
 
 def trainer(folder: Path, random_adapter: bool = False) -> Trainer:

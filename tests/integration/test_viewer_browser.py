@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright import sync_api as playwright_api
 
 import journeyman as jm
 from journeyman.backend.app.demo import DemoConfig, run_demo
@@ -28,9 +29,6 @@ CHROMIUM = Path(os.environ.get("JOURNEYMAN_CHROMIUM", "/usr/bin/chromium"))
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason=f"no Chromium at {CHROMIUM}: `make setup` installs Debian's chromium as root",
-)
-playwright_api = pytest.importorskip(
-    "playwright.sync_api", reason="pip install 'journeyman[dev]' (playwright)"
 )
 
 ARTIFACTS = Path(os.environ.get("JOURNEYMAN_ARTIFACTS", "build/artifacts")) / "viewer"

@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from journeyman.backend.serving.vllm_plugin.journeyman_cpu_exact import (  # noqa: E402
+from journeyman.backend.serving.vllm_plugin.journeyman_cpu_exact import (
     _linear_in_tiles,
     _one_query_per_request,
 )

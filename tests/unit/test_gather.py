@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 
 import pytest
+import rich
+from rich.console import Console
 
 import journeyman as jm
 
@@ -37,9 +40,16 @@ async def test_a_group_keeps_its_rollouts_in_the_order_given_not_the_order_they_
 
 
 async def test_a_cancelled_group_keeps_the_rollouts_that_finished() -> None:
-    group = jm.TrajectoryGroup([rollout(0.0), rollout(1.0, delay=60)])
+    finished = asyncio.Event()
+
+    async def first() -> jm.Trajectory:
+        trajectory = await rollout(0.0)
+        finished.set()  # the group has its result as soon as this returns: no await in between
+        return trajectory
+
+    group = jm.TrajectoryGroup([first(), rollout(1.0, delay=60)])
     task = asyncio.ensure_future(group)
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(finished.wait(), timeout=60)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -119,9 +129,18 @@ async def test_a_rollout_returning_something_else_is_a_recorded_failure() -> Non
     assert group.failures[0].type == "InvalidDataError" and "returned str" in group.failures[0].message
 
 
-async def test_progress_display_runs() -> None:
-    groups = await jm.gather_trajectory_groups([jm.TrajectoryGroup([rollout(1.0)])], progress=True)
-    assert groups[0].reward == 1.0
+async def test_progress_display_shows_the_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The display draws on rich's global console; one that is no terminal gets the last frame only.
+    screen = io.StringIO()
+    monkeypatch.setattr(rich, "_console", Console(file=screen, width=120, force_terminal=False))
+    groups = await jm.gather_trajectory_groups(
+        [jm.TrajectoryGroup([rollout(1.0), rollout(0.0), rollout(2.0, fail=True)])],
+        max_exceptions=1,
+        description="step 7",
+    )
+    assert groups[0].reward == 0.5
+    (line,) = screen.getvalue().splitlines()
+    assert line.startswith("step 7 ") and " 3/3 reward 0.500  failed 1 " in line, line
 
 
 async def test_retry_async_and_sync() -> None:

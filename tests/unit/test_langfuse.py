@@ -9,7 +9,9 @@ import logging
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +32,7 @@ from journeyman.integrations.langfuse import (
     trajectory_from_observations,
 )
 from tests.langfuse_server import LangfuseServer
+from tests.logs import reaching_caplog
 
 
 def sample_trajectory(reward: float | None = 1.0) -> jm.Trajectory:
@@ -207,24 +210,22 @@ def test_the_same_trajectory_always_maps_to_the_same_trace(
     assert first == again != other
 
 
-def test_an_unreachable_server_is_a_warning_and_a_recorded_failure(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_unreachable_server_is_a_warning_and_a_recorded_failure(caplog: pytest.LogCaptureFixture) -> None:
     client, exporter = capturing_client("http://127.0.0.1:9", f"pk-{uuid.uuid4().hex}")  # a closed port
     group = jm.TrajectoryGroup([sample_trajectory(), sample_trajectory(0.0)])
     # The exporter's warning reaches caplog whatever logging set-up an earlier test left behind
     # (once, in a whole `make test` on one host, it did not; alone and in the unit tier it does).
-    log = logging.getLogger("journeyman.integrations.langfuse")
-    monkeypatch.setattr(log, "disabled", False)
-    monkeypatch.setattr(log, "propagate", True)
-    with caplog.at_level(logging.WARNING, logger=log.name):
+    log = "journeyman.integrations.langfuse"
+    with reaching_caplog("journeyman"), caplog.at_level(logging.WARNING, logger=log):
         assert LangfuseExporter(client).export_group(group) == []
     (failure,) = group.failures
     assert failure.stage == "export" and failure.type == "ConnectionError"
     assert (
         "cannot reach Langfuse" in failure.message and "2 trajectories were not exported" in failure.message
     )
-    assert any("Langfuse export" in r.message and r.levelname == "WARNING" for r in caplog.records)
+    assert any(
+        r.name == log and "Langfuse export" in r.message and r.levelname == "WARNING" for r in caplog.records
+    )
     assert exporter.get_finished_spans() == ()
     assert len(group) == 2  # nothing lost
     client.shutdown()
@@ -239,11 +240,16 @@ def test_a_connection_check_is_forgotten_with_its_client() -> None:
     assert "ConnectError" in (module._connection_problem(client) or "")
     assert client in module._checked
     client.shutdown()
-    gc.collect()  # clients an earlier test left for the collector go now, not in the count below
-    before = len(module._checked)
+    # Held here, the clients earlier tests left cannot go during the count, whenever they are collected.
+    others = [other for other in module._checked if other is not client]
+    dropped = weakref.ref(client)
     del client
-    gc.collect()
-    assert len(module._checked) == before - 1
+    deadline = time.monotonic() + 10
+    while dropped() is not None and time.monotonic() < deadline:  # in case a thread lets go of it late
+        gc.collect()
+        time.sleep(0.01)
+    assert dropped() is None, "the connection check keeps its client alive"
+    assert len(module._checked) == len(others)
 
 
 # The read side on its own: observations as the SDK parses them from GET /api/public/v2/observations.

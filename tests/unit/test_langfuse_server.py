@@ -117,9 +117,13 @@ def test_reward_metrics_and_judge_explanation_are_scores(server: LangfuseServer,
     assert import_trajectories(client, trace_ids=[trace_id(judged.id)])[0].reward == 0.5
 
 
-def test_the_read_api_pages_selects_fields_and_filters_like_langfuse(
+def test_the_double_pages_selects_fields_and_filters_as_langfuse_documents(
     server: LangfuseServer, client: Langfuse
 ) -> None:
+    """The test server's read API: pages, field groups, expanded metadata, filters and its 400s.
+
+    Of the double, not of journeyman: nothing has checked these answers against a real Langfuse, so
+    this is no evidence of compatibility (tests/integration/test_langfuse_live.py is, where it runs)."""
     group = sample_group()
     export_group(group, client, project="demo", model="calc-agent")
     pages, cursor = [], None
@@ -299,8 +303,12 @@ def test_langfuse_true_means_the_project_in_the_environment_even_with_other_clie
             other_client.shutdown()
 
 
-def test_spans_from_other_instrumentation_are_mapped_like_langfuse_does(server: LangfuseServer) -> None:
-    """OTLP JSON from a non-Langfuse tracer: the type comes from the GenAI attributes."""
+def test_the_double_maps_spans_from_other_instrumentation(server: LangfuseServer) -> None:
+    """The test server's OTLP JSON ingestion: a non-Langfuse tracer's spans get their type from the
+    GenAI attributes.
+
+    Of the double, not of journeyman: nothing has checked these answers against a real Langfuse, so
+    this is no evidence of compatibility (tests/integration/test_langfuse_live.py is, where it runs)."""
 
     def span(span_id: str, name: str, attributes: dict[str, Any], parent: str = "") -> dict[str, Any]:
         return {
@@ -377,7 +385,11 @@ def test_edge_cases_found_by_the_property_test(server: LangfuseServer, client: L
     assert reward.value == 0.5
 
 
-def test_environment_filter_takes_one_or_many(server: LangfuseServer, client: Langfuse) -> None:
+def test_the_doubles_environment_filter_takes_one_or_many(server: LangfuseServer, client: Langfuse) -> None:
+    """The test server's environment filter: one name or a list.
+
+    Of the double, not of journeyman: nothing has checked these answers against a real Langfuse, so
+    this is no evidence of compatibility (tests/integration/test_langfuse_live.py is, where it runs)."""
     export_group(sample_group(), client)
     assert len(client.api.observations.get_many(environment="default").data) == 12
     assert len(client.api.observations.get_many(environment=["staging", "default"]).data) == 12

@@ -13,6 +13,7 @@ import pytest
 from journeyman.backend.serving.router import Router
 from journeyman.errors import AdapterError
 from tests.scripted_upstream import ScriptedServer
+from tests.waits import until
 
 
 class FailingServer(ScriptedServer):
@@ -69,6 +70,8 @@ class RestartingServer(FailingServer):
         super().__init__(tmp_path, dies=False)
         self.failing, self.code = False, -9
         self.healthy = threading.Event()
+        self.refused: list[str] = []
+        """Loads sent while it was starting."""
 
     def stop(self) -> None:
         self.failing, self.code = True, None  # a new process that does not answer yet
@@ -79,6 +82,11 @@ class RestartingServer(FailingServer):
     def wait_healthy(self, timeout: float = 10.0) -> None:
         assert self.healthy.wait(timeout)
         self.failing = False
+
+    async def load_adapter(self, name: str, path: Path, client: Any = None) -> None:
+        if self.failing:
+            self.refused.append(name)
+        await super().load_adapter(name, path, client)
 
 
 def test_a_deploy_while_vllm_restarts_waits_and_is_served_after_the_kept_versions(tmp_path: Path) -> None:
@@ -91,13 +99,14 @@ def test_a_deploy_while_vllm_restarts_waits_and_is_served_after_the_kept_version
         await router.deploy("agent", tmp_path / "step1", 1)
         server.code = -9  # killed during the next training step
         restart = asyncio.create_task(router.restart_server())
-        await asyncio.sleep(0.05)
+        await until(lambda: server.failing, "the restart to stop the dead server")
         deploy = asyncio.create_task(router.deploy("agent", tmp_path / "step2", 2))
-        await asyncio.sleep(0.05)
-        assert not deploy.done()  # it does not send a load the starting server would refuse
+        await asyncio.sleep(0)  # its first step: a deploy that did not wait for the restart loads in it
+        assert not deploy.done()
         server.healthy.set()
         await restart
         assert await deploy == "agent@2"
+        assert server.refused == []  # it sent no load the starting server would refuse
         assert server.loaded == ["agent@1", "agent@1", "agent@2"]  # the kept version again, then the new
         assert router.resolve("agent") == ("agent@2", 2)
 

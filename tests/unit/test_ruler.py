@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -451,18 +452,21 @@ def test_answers_in_other_shapes_are_understood(text: str, expected: list[tuple[
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "why"),
     [
-        '{"scores": [{"trajectory_id": "1", "score": 0.1}, {"trajectory_id": "1", "score": 0.2}]}',
-        '{"1": {"score": true}, "2": {"score": 0}}',
-        '{"1": {"score": NaN}, "2": {"score": 0}}',
-        '{"1": {"score": null}, "2": {"score": 0}}',
-        '{"scores": ["0.1", "0.2"]}',
-        "[0.1, 0.2]",
+        (
+            '{"scores": [{"trajectory_id": "1", "score": 0.1}, {"trajectory_id": "1", "score": 0.2}]}',
+            "trajectory 1 was scored twice",
+        ),
+        ('{"1": {"score": true}, "2": {"score": 0}}', "trajectory 1 is not a finite number: True"),
+        ('{"1": {"score": NaN}, "2": {"score": 0}}', "trajectory 1 is not a finite number: nan"),
+        ('{"1": {"score": null}, "2": {"score": 0}}', "trajectory 1 is not a finite number: None"),
+        ('{"scores": ["0.1", "0.2"]}', "a score entry is not an object: '0.1'"),
+        ("[0.1, 0.2]", "no JSON object with scores in the answer"),
     ],
 )
-def test_invalid_answers_are_refused(text: str) -> None:
-    with pytest.raises(InvalidAnswer):
+def test_invalid_answers_are_refused(text: str, why: str) -> None:
+    with pytest.raises(InvalidAnswer, match=re.escape(why)):
         parse_scores(text, ["1", "2"])
 
 

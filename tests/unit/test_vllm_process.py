@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from journeyman.backend.serving.vllm import VLLMConfig, VLLMServer
-from journeyman.backend.serving.vllm_config import core_list
+from journeyman.backend.serving.vllm import PORT_RELAUNCHES, VLLMConfig, VLLMServer
+from journeyman.backend.serving.vllm_config import core_list, free_port
 from journeyman.errors import ConfigError, ServerStartError
 
 
@@ -103,3 +107,84 @@ def test_a_server_that_dies_while_starting_says_so_until_it_is_stopped(tmp_path:
     assert server.exit_code() == -9 and not server.is_running()
     server.stop()
     assert server.exit_code() is None
+
+
+FAKE_VLLM = """
+import http.server, socket, sys
+
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind((host, port))  # as vLLM binds it, after its imports
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+
+server = http.server.HTTPServer((host, port), Health, bind_and_activate=False)
+server.socket.close()
+server.socket = sock
+server.server_activate()
+server.serve_forever()
+"""
+
+
+def _fake_vllm(tmp_path: Path) -> Path:
+    """A python that runs, instead of ``-m vllm...``, a server that binds ``--port`` as vLLM does
+    and answers /health."""
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A port another socket holds (as a client connection's own port would)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+def test_a_server_whose_picked_port_was_taken_meanwhile_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: int
+) -> None:
+    """free_port's port is free when picked and bound by vLLM 10-20 s later: here it was taken."""
+    picks = iter([taken])
+    monkeypatch.setattr(
+        "journeyman.backend.serving.vllm.free_port", lambda host: next(picks, None) or free_port(host)
+    )
+    config = VLLMConfig(model=tmp_path, device="cpu")
+    server = VLLMServer(config, log_path=tmp_path / "log", python=_fake_vllm(tmp_path))
+    try:
+        server.start(timeout=30)
+        assert server.port not in (None, taken) and server.is_running()
+        assert httpx.get(f"{server.base_url}/health").status_code == 200
+    finally:
+        server.stop()
+    log = (tmp_path / "log").read_text()
+    assert log.count("Address already in use") == 1 and log.count(f"--port {taken} ") == 1
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["port-given", "taken-each-time"])
+def test_a_taken_port_the_caller_gave_or_that_stays_taken_fails_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: int, given: bool
+) -> None:
+    """Only a port the server picked itself is given up, and only a bounded number of times."""
+    monkeypatch.setattr("journeyman.backend.serving.vllm.free_port", lambda host: taken)
+    config = VLLMConfig(model=tmp_path, device="cpu", port=taken if given else None)
+    server = VLLMServer(config, log_path=tmp_path / "log", python=_fake_vllm(tmp_path))
+    server.launch()
+    with pytest.raises(
+        ServerStartError, match=r"(?s)exited with code 1 while starting.*Address already in use"
+    ):
+        server.wait_healthy(timeout=60)
+    server.stop()
+    launches = (tmp_path / "log").read_text().count("=== journeyman: ")
+    assert launches == (1 if given else 1 + PORT_RELAUNCHES)
