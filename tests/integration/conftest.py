@@ -35,17 +35,20 @@ _last_users: dict[str, str] | None = None
 
 
 def _server(
-    fixture: str, model_dir: Path, name: str, tmp: pytest.TempPathFactory, **settings: Any
+    model_dir: Path, name: str, tmp: pytest.TempPathFactory, *, fixture: str | None = None, **settings: Any
 ) -> Iterator[VLLMServer]:
+    """A vLLM server for the generator's life; ``fixture``: the session fixture that holds it, so that
+    it can be stopped after the last test that needs it."""
     log = tmp.mktemp(f"vllm-{name}") / "vllm.log"
     config = VLLMConfig(
         model=model_dir, served_name=name, max_lora_rank=MAX_LORA_RANK, max_loras=2, **settings
     )
     server = VLLMServer(config, log_path=log)
     server.start(timeout=900)
-    _RUNNING[fixture] = server
+    if fixture is not None:
+        _RUNNING[fixture] = server
     yield server
-    _RUNNING.pop(fixture, None)
+    _RUNNING.pop(fixture or "", None)
     server.stop()
 
 
@@ -90,7 +93,7 @@ def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """The real vLLM server with the embedded model (20-25 s to start on 2 cores). A 1 GiB KV cache
     (about 23k tokens in fp32) holds what the tests run at once and leaves memory to the servers
     that tests start beside this one and Qwen's."""
-    yield from _server("vllm_server", model_dir, SERVED_BASE, tmp_path_factory, kv_cache_gib=1)
+    yield from _server(model_dir, SERVED_BASE, tmp_path_factory, fixture="vllm_server", kv_cache_gib=1)
 
 
 @pytest.fixture(scope="session")
@@ -205,7 +208,7 @@ def qwen_dir() -> Path:
 @pytest.fixture(scope="session")
 def qwen_server(qwen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """The real vLLM server with Qwen2.5-Coder-0.5B (about 100 s to start on 2 cores)."""
-    yield from _server("qwen_server", qwen_dir, "qwen", tmp_path_factory, kv_cache_gib=1)
+    yield from _server(qwen_dir, "qwen", tmp_path_factory, fixture="qwen_server", kv_cache_gib=1)
 
 
 @pytest.fixture(scope="session")
