@@ -56,8 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_place)
 
 
-_SHARED = ("vllm_server", "qwen_server", "served", "router", "gateway", "shared_engine")
-"""Fixtures that hold a session server (tests/integration/conftest.py)."""
+_SHARED = ("vllm_server", "qwen_server", "served")
+"""The session servers of tests/integration/conftest.py, and ``served``, which takes one by name (a
+test's fixture names hold the fixtures its fixtures need, but not one taken by name)."""
 
 
 def _place(item: pytest.Item) -> tuple[bool, bool]:

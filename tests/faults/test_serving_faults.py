@@ -24,7 +24,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.vllm import free_port
-from tests.waits import until
+from tests.waits import serving, until
 
 REPO = Path(__file__).resolve().parents[2]
 # A gateway in a process of its own, in front of the module's vLLM server, so it can be SIGKILLed.
@@ -58,14 +58,8 @@ async def served(
 def _start_gateway(upstream: str, records: Path, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-c", GATEWAY, upstream, str(records), str(port)], env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)  # after any other answer too, not only a refused connection
+    if serving(f"http://127.0.0.1:{port}", 60, interval=0.1, request_timeout=1):
+        return process
     process.kill()
     raise AssertionError("the gateway process did not start")
 

@@ -6,17 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import journeyman as jm
 from journeyman.backend.serving.vllm import free_port
 from journeyman.config import TrainConfig
 from tests.integration.test_distributed_trainer import groups, lora_weights
+from tests.waits import serving
 
 TOKEN = "dp-token"
 CONFIG = TrainConfig(learning_rate=5e-3)
@@ -40,14 +39,7 @@ async def test_serve_under_torchrun_trains_each_step_on_both_ranks(tmp_path: Pat
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
+        if not serving(url, 120, interval=0.5):
             pytest.fail(log.read_text()[-3000:])
 
         async with jm.RemoteBackend(url, token=TOKEN, timeout=600) as backend:

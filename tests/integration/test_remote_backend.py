@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from journeyman.backend.app.cli import app
 from journeyman.backend.serving.vllm import free_port
 from journeyman.records import CompletionRecord
 from tests.integration.test_local_backend import QUESTIONS, ask
+from tests.waits import serving
 
 TOKEN = "test-token-123"
 
@@ -41,14 +41,7 @@ def serve(tmp_path: Path) -> Iterator[str]:
         command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "JOURNEYMAN_TOKEN": TOKEN}
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
+    if not serving(url, 60):
         process.kill()
         pytest.fail((tmp_path / "serve.log").read_text()[-3000:])
     yield url

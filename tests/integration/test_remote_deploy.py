@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import journeyman as jm
 from journeyman.backend.serving.vllm import free_port
 from journeyman.config import TrainConfig
 from tests.integration.test_distributed_trainer import groups
+from tests.waits import serving
 
 TOKEN = "trainer-token-1"
 INFERENCE_TOKEN = "inference-token-2"
@@ -36,14 +36,8 @@ def _serve(tmp_path: Path, name: str, token: str, *extra: str) -> tuple[str, sub
     env = {**os.environ, "JOURNEYMAN_TOKEN": token, "JOURNEYMAN_PUSH_TOKEN": INFERENCE_TOKEN}
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return url, process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # after any other answer too, not only a refused connection
+    if serving(url, 60):
+        return url, process
     process.kill()
     pytest.fail((tmp_path / f"{name}.log").read_text()[-3000:])
 
