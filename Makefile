@@ -3,10 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup test test-slow test-unit test-integration test-faults check format bench demo clean
+.PHONY: setup skypilot-env test test-slow test-unit test-integration test-faults check format bench demo clean
 
-setup:  ## main environment, vLLM environment, embedded model
+setup:  ## main environment, vLLM and SkyPilot environments, embedded models (JOURNEYMAN_UNSLOTH=1: with Unsloth, CUDA only)
 	bash scripts/setup.sh
+
+skypilot-env:  ## only SkyPilot's own environment, for `sky launch deploy/skypilot/journeyman-serve.yaml` (setup builds it too)
+	bash scripts/skypilot-env.sh
 
 # `make test TIERS=` runs every tier in one session, the slow one last (as CI does); PYTEST_ARGS adds options.
 TIERS ?= not slow

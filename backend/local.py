@@ -23,21 +23,31 @@ from pathlib import Path
 from typing import Any
 
 from journeyman.config import TrainConfig
-from journeyman.errors import BackendError, ConfigError, ModelPreparationError
+from journeyman.errors import BackendError, ConfigError
 from journeyman.judge import Judge
 from journeyman.model import Registration, TrainableModel, TrainResult
 from journeyman.store import ModelStore, check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
-from .models import EMBEDDED_MODELS, resolve_base_model
+from .models import fetch_hub_model, resolve_base_model
 from .serving.adapters import AdapterPush
 from .serving.engine import Engine, InferenceServer
 from .serving.engine import engine as engine_of
 from .serving.gateway import Gateway, GatewayThread, RecordLog
+from .serving.gpu_memory import (
+    JUDGE_SEQUENCES,
+    POLICY_SEQUENCES,
+    GpuMemoryPlan,
+    ServerSpec,
+    TrainerSpec,
+    model_shape,
+    visible_gpu_memory,
+)
 from .serving.replicas import Replicas
 from .serving.router import Router
-from .serving.vllm import VLLMConfig, cuda_available
+from .serving.vllm import VLLMConfig, VLLMServer, cuda_available
 from .serving.vllm_config import core_list
+from .training.device import parse_train_device
 from .training.trainer import Trainer
 
 __all__ = ["LocalBackend"]
@@ -66,6 +76,8 @@ class LocalBackend:
         inference: bool = True,
         engine: str | Engine = "vllm",
         dtype: str | None = None,
+        sleep_mode: bool = False,
+        train_device: str = "auto",
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {replicas}")
@@ -125,6 +137,21 @@ class LocalBackend:
         None keeps each config's own (``auto``: bf16 where the CPU or GPU has it). ``float32`` on
         CPU makes seeded sampling batch-invariant: a request samples the same tokens alone or
         among others (``VLLMConfig.dtype`` says where that ends; bench/results.md)."""
+        self.train_device = parse_train_device(train_device)
+        """Where the trainer trains: ``auto`` (the GPU when torch sees one, else the CPU), ``cpu``,
+        ``cuda`` or ``cuda:N``. The model is loaded there and every tensor of a step is made there."""
+        self.sleep_mode = sleep_mode
+        """CUDA only: the policy's vLLM server sleeps while the trainer steps (vLLM's sleep mode,
+        level 1: its weights copied to CPU memory, its KV cache dropped), so the trainer may use that
+        memory; it wakes before the step is deployed, and requests that arrive meanwhile wait for it.
+        The seconds each took are the step's ``time/sleep`` and ``time/wake`` metrics (in the
+        :class:`TrainResult`; the history's ``time/deploy`` includes the wake). Ignored on CPU."""
+        self.gpu_memory: GpuMemoryPlan | None = None
+        """On CUDA, how the GPU is shared by this backend's vLLM servers and the trainer
+        (``backend/serving/gpu_memory.py``): planned as each server starts, logged as a table."""
+        self._memory_parts: dict[str, ServerSpec] = {}
+        self._asleep = False
+        self._sleep_times: dict[str, float] = {}
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -146,13 +173,20 @@ class LocalBackend:
         )
         if self.merge_adapters is not None:
             config = replace(config, merge_adapters=self.merge_adapters)
-        self.server = self._servers(config)
+        if self.sleep_mode and _on_cuda(config):
+            config = replace(config, sleep_mode=True)
+        try:
+            self.server = self._servers(self._planned(config, "policy"))
+        except BaseException:
+            self._memory_parts.pop("policy", None)
+            raise
         self.server.launch()  # from this (long-lived) thread: the server lives with the caller
         try:
             await asyncio.to_thread(self.server.wait_healthy)
         except BaseException:
             self.server.stop()
             self.server = None
+            self._memory_parts.pop("policy", None)
             raise
         self._base = base
         self.router = Router(self.server, keep_versions=self.keep_versions)
@@ -165,6 +199,21 @@ class LocalBackend:
 
     def _servers(self, config: VLLMConfig) -> InferenceServer:
         logs = self.root / "logs"
+        if _on_cuda(config):
+            per = config.tensor_parallel_size * config.data_parallel_size
+            visible = len(visible_gpu_memory())
+            if visible and self.replicas * per > visible:  # none read (MIG, no nvidia-smi): vLLM says
+                fix = (
+                    f"set replicas (journeyman serve --replicas) to {visible // per} or fewer"
+                    if per <= visible
+                    else f"set tensor_parallel_size x data_parallel_size to {visible} or fewer"
+                )
+                raise ConfigError(
+                    f"{self.replicas} replica(s) x tensor_parallel_size {config.tensor_parallel_size} x "
+                    f"data_parallel_size {config.data_parallel_size} need {self.replicas * per} GPUs, and "
+                    f"{visible} {'is' if visible == 1 else 'are'} visible (CUDA_VISIBLE_DEVICES="
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): {fix}, or make more GPUs visible"
+                )
         if self.replicas == 1:
             return self.engine(config, log_path=logs / "vllm.log")
         servers = []
@@ -177,6 +226,72 @@ class LocalBackend:
                 replica = replace(config, cpu_cores=_share(self.vllm_cores, i, self.replicas))
             servers.append(self.engine(replica, log_path=logs / f"vllm{i}.log"))
         return Replicas(servers)
+
+    def _planned(self, config: VLLMConfig, role: str) -> VLLMConfig:
+        """On CUDA: ``config`` with the ``gpu_memory_utilization`` of this backend's memory plan
+        (an explicit one is kept), once the plan of every server it runs, ``role``'s included, and
+        of the trainer fits the GPU; else a ConfigError that says what each part needs and what would
+        fit. The plan is logged as a table. Elsewhere, or for a model without a ``config.json``,
+        ``config`` as it is."""
+        if not _on_cuda(config):
+            return config
+        gpus, shape = visible_gpu_memory(), model_shape(config.model)
+        if not gpus or shape is None:
+            logger.warning(
+                "no GPU memory plan for %s (%s); its vLLM server takes gpu_memory_utilization=%s",
+                config.model, "no GPU size from nvidia-smi" if not gpus else "no config.json",
+                config.gpu_memory_utilization or "0.5 (the default)",
+            )  # fmt: skip
+            return config
+        sequences = POLICY_SEQUENCES if role == "policy" else JUDGE_SEQUENCES
+        spec = ServerSpec(
+            role, shape, config.max_model_len, sequences, config.gpu_memory_utilization, config.sleep_mode
+        )
+        servers = {**self._memory_parts, role: spec}
+        policy = servers.get("policy")
+        trainer = TrainerSpec(policy.shape) if policy is not None and self._trains_on_gpu() else None
+        plan = GpuMemoryPlan(min(gpus), tuple(servers.values()), trainer)
+        if not plan.fits and plan.with_gradient_checkpointing().fits:
+            plan = plan.with_gradient_checkpointing()
+            logger.warning(
+                "the trainer fits beside the vLLM servers only with gradient_checkpointing=True in TrainConfig"
+            )
+        plan.check()
+        self._memory_parts[role] = spec
+        self.gpu_memory = plan
+        logger.info("%s", plan)
+        return replace(config, gpu_memory_utilization=plan.utilization(role))
+
+    def _trains_on_gpu(self) -> bool:
+        """Whether this backend's trainer takes memory on the GPU its servers use: it trains here,
+        on its default device or CUDA (a ``train_device`` of ``cpu`` takes none)."""
+        device = str(getattr(self, "train_device", None) or "auto")
+        return self.inference and device.partition(":")[0] != "cpu"
+
+    def _sleepers(self) -> list[VLLMServer]:
+        """The policy's servers that sleep while the trainer steps (``sleep_mode`` on CUDA)."""
+        servers: list[Any] = list(getattr(self.server, "servers", [self.server]))
+        return [
+            s for s in servers if isinstance(s, VLLMServer) and s.config.sleep_mode and s.device == "cuda"
+        ]
+
+    async def _sleep(self) -> None:
+        """Put the policy's servers to sleep for a training step (with ``sleep_mode``)."""
+        if self._asleep or not (servers := self._sleepers()):
+            return
+        start = time.perf_counter()
+        await asyncio.gather(*(server.sleep() for server in servers))
+        self._asleep = True
+        self._sleep_times["time/sleep"] = time.perf_counter() - start
+
+    async def _wake(self) -> None:
+        """Wake the policy's servers after a step (before it is deployed); a no-op when awake."""
+        if not self._asleep:
+            return
+        start = time.perf_counter()
+        await asyncio.gather(*(server.wake_up() for server in self._sleepers()))
+        self._asleep = False
+        self._sleep_times["time/wake"] = time.perf_counter() - start
 
     async def _watch(self) -> None:
         """Restart vLLM when its process has exited, and load the kept adapters again; restart a
@@ -240,13 +355,7 @@ class LocalBackend:
     async def register(self, model: TrainableModel) -> Registration:
         for folder in (self.root, model.store.path):  # fail now, not after vLLM started
             await asyncio.to_thread(check_writable, folder)
-        base = await asyncio.to_thread(resolve_base_model, model.base_model)
-        if self.inference and isinstance(base, str) and _offline() and not _in_hub_cache(base):
-            raise ModelPreparationError(
-                f"unknown base model {base!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), not a "
-                "folder, and not in the Hugging Face cache while HF_HUB_OFFLINE=1. Use an alias or the path "
-                "of a folder saved with save_pretrained"
-            )
+        base = await asyncio.to_thread(base_folder, model.base_model)  # a hub name fails or downloads now
         if self.inference:
             await self._serve(base)
         router = self.router
@@ -256,6 +365,7 @@ class LocalBackend:
             push = self.push_to.deployer(model.name, str(model.base_model)) if self.push_to else None
 
             async def deploy(path: Path, step: int) -> Any:
+                await self._wake()  # with sleep_mode: the step's memory is handed back by now
                 promote = self._promote.get(model.name, True)
                 served = (
                     await router.deploy(model.name, path, step, promote=promote)
@@ -266,8 +376,9 @@ class LocalBackend:
                 return served if router is not None else pushed
 
             trainer = self.trainer_class(
-                base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy
-            )
+                base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy,
+                device=self.train_device,
+            )  # fmt: skip
             await asyncio.to_thread(trainer.load)
             self._trainers[model.name] = trainer
             if router is None:
@@ -307,7 +418,7 @@ class LocalBackend:
         if model in self.judge_servers:
             server = self.judge_servers[model]
         else:
-            base = await asyncio.to_thread(resolve_base_model, model)
+            base = await asyncio.to_thread(base_folder, model)
             name = Path(str(model)).name  # served under its own name: a judge's name keys its cache
             config = vllm or VLLMConfig(
                 model=base, served_name=name, enable_lora=False, tool_parser=None,
@@ -320,12 +431,16 @@ class LocalBackend:
                 reserved_cpus=0,
                 dtype=self.dtype or config.dtype,
             )
-            server = self.engine(config, log_path=self.root / "logs" / f"judge-{name}.log")
+            role = f"judge {name}"
+            server = self.engine(
+                self._planned(config, role), log_path=self.root / "logs" / f"judge-{name}.log"
+            )
             server.launch()
             try:
                 await asyncio.to_thread(server.wait_healthy)
             except BaseException:
                 server.stop()
+                self._memory_parts.pop(role, None)
                 raise
             self.judge_servers[model] = server
             if self._watchdog is None:  # a backend that serves no policy still watches its judges
@@ -357,7 +472,7 @@ class LocalBackend:
 
     async def deploy_adapter(self, name: str, base_model: str, adapter_dir: Path, step: int) -> str:
         """Serve an adapter trained elsewhere as ``name@step`` (and ``name``); start vLLM if needed."""
-        base = await asyncio.to_thread(resolve_base_model, base_model)
+        base = await asyncio.to_thread(base_folder, base_model)
         await self._serve(base)
         assert self.router is not None
         return await self.router.deploy(name, adapter_dir, step)
@@ -367,6 +482,11 @@ class LocalBackend:
             return self._trainers[model.name]
         except KeyError:
             raise ConfigError(f"model {model.name!r} is not registered with this backend") from None
+
+    def describe_trainer(self, model: TrainableModel) -> str:
+        """The engine, device and dtype ``model`` trains with, e.g. ``"transformers on cuda:0
+        (NVIDIA H100 80GB HBM3) in bfloat16"``."""
+        return self._trainer(model).describe()
 
     async def get_step(self, model: TrainableModel) -> int:
         return self._trainer(model).step
@@ -387,15 +507,21 @@ class LocalBackend:
             row = {"action": "promote", "step": trainer.step, "by": "train", "pinned": True}
             await asyncio.to_thread(model.store.append_promotion, row)
         self._promote[model.name] = promote
+        # With sleep_mode the policy's server sleeps through the step and wakes in the deploy
+        # callback, before the step is loaded (its time/deploy includes the wake); a step that
+        # deploys nothing, or fails, wakes it here.
+        self._sleep_times = {}
+        await self._sleep()
         try:
             result = await trainer.train(groups, config)
         finally:
             self._promote[model.name] = True
+            await self._wake()
         if promote and self.router is not None:
             await asyncio.to_thread(
                 model.store.append_promotion, {"action": "promote", "step": result.step, "by": "train"}
             )
-        return TrainResult(result.step, result.metrics)
+        return TrainResult(result.step, {**result.metrics, **self._sleep_times})
 
     async def promote(
         self,
@@ -469,6 +595,13 @@ class LocalBackend:
             server.stop()
         self.judge_servers.clear()
         self._trainers.clear()
+        self._memory_parts.clear()
+        self._asleep = False
+
+
+def _on_cuda(config: VLLMConfig) -> bool:
+    """Whether a server of ``config`` runs on an NVIDIA GPU (its ``device``, ``auto`` resolved here)."""
+    return config.device == "cuda" or (config.device == "auto" and cuda_available())
 
 
 def _share(cores: str, i: int, n: int) -> str:
@@ -480,17 +613,12 @@ def _share(cores: str, i: int, n: int) -> str:
     return ",".join(map(str, listed[i * per : (i + 1) * per]))
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
-def _in_hub_cache(name: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # not a valid repo id: not cached
-        return False
+def base_folder(name: str) -> Path:
+    """The folder that vLLM and the trainer read for base model ``name``: an embedded alias's
+    converted folder, a folder as it is, or a hub name's snapshot, from the cache or downloaded once
+    by this process before any server starts (:func:`~journeyman.backend.models.fetch_hub_model`)."""
+    base = resolve_base_model(name)
+    return base if isinstance(base, Path) else fetch_hub_model(base)
 
 
 def move_target(store: ModelStore, step: int, action: str, *, latest: int | None) -> tuple[int, int | None]:

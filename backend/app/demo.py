@@ -44,6 +44,7 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise MissingDependencyError(error.name or "langgraph", "langgraph", "the demo") from error
 
+from ..serving.vllm_config import VLLMConfig
 from .calculator import DEMO_RUBRICS, Scenario, build_agent, make_scenarios, rollout, worked_plan
 from .demo_config import DEFAULT_JUDGE_MODEL, DemoConfig
 from .demo_report import (
@@ -364,6 +365,12 @@ class Demo:
         self.calibrated = self.resume and await model.get_step() > 0
         return judge, after_each
 
+    def _policy_vllm(self) -> VLLMConfig | None:
+        """The policy server's config where the demo sets more than the backend's defaults: its
+        share of the GPU (``gpu_memory_utilization``; otherwise planned on CUDA)."""
+        share = self.config.gpu_memory_utilization
+        return None if share is None else VLLMConfig(model="", gpu_memory_utilization=share)
+
     async def _start_servers(self, model: jm.TrainableModel, backend: LocalBackend) -> None:
         """The policy's server and trainer, and a local judge's server of its own beside them (both
         vLLM servers start at once: each start is mostly one core's work)."""
@@ -408,13 +415,21 @@ class Demo:
                 self.console.print(f"viewer: {viewer.base_url}/runs/{c.project}/{self.name}")
             async with (
                 self.interrupt,  # first in, last out: Ctrl-C is kept until the servers are down
-                LocalBackend(root=c.root, merge_adapters=merge, dtype=c.serving_dtype) as backend,
+                LocalBackend(
+                    root=c.root,
+                    merge_adapters=merge,
+                    dtype=c.serving_dtype,
+                    vllm=self._policy_vllm(),
+                    sleep_mode=c.sleep_mode,
+                    train_device=c.train_device,
+                ) as backend,
                 httpx.AsyncClient(
                     timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64)
                 ) as self.http,
             ):
                 self.backend = backend
                 await self._start_servers(model, backend)
+                self.console.print(f"trainer: {backend.describe_trainer(model)}")
                 self.records = backend.records
                 judge, after_each = await self._judging(model, backend)
                 self.console.print(f"vLLM ready after {time.monotonic() - started:.0f} s")

@@ -94,6 +94,13 @@ class DemoConfig:
     seeded request samples the same tokens with the same logprobs alone or in any batch, and
     however its prompt is split (``VLLMConfig.dtype``), so a resumed or faulted run can be its
     clean twin's run: the short chaos run is, at every step (bench/results.md)."""
+    gpu_memory_utilization: float | None = None
+    """CUDA: the share of the GPU the policy's vLLM server takes; None: planned from the models'
+    sizes with the judge's server and the trainer (``backend/serving/gpu_memory.py``)."""
+    sleep_mode: bool = False
+    """CUDA: the policy's vLLM server sleeps while the trainer steps (``LocalBackend.sleep_mode``)."""
+    train_device: str = "auto"
+    """Where the trainer trains (``LocalBackend.train_device``): the GPU when torch sees one."""
     project: str = "demo"
     name: str | None = None
     """Model name (default: calc-<date>-<time>, a fresh run each time)."""
@@ -134,6 +141,8 @@ class DemoConfig:
             (self.judge_method in get_args(Method), f"unknown judge_method {self.judge_method!r}: scores, verdict or pairwise"),
             (self.serving_dtype in SERVING_DTYPES,
              f"unknown serving_dtype {self.serving_dtype!r}: {', '.join(SERVING_DTYPES)}"),
+            (self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+             "gpu_memory_utilization must be above 0 and at most 1"),
             (self.judge_base_url is None or self.judge_model is not None,
              "judge_base_url needs judge_model (--judge-model): the model name that endpoint serves"),
         ]  # fmt: skip

@@ -32,6 +32,7 @@ from journeyman.errors import AdapterError, BackendError, ConfigError, ServerSta
 
 from ..settings import vllm_python
 from .families import TOOL_PARSER_PLUGIN, serving_defaults
+from .gpu_memory import FALLBACK_UTILIZATION
 from .vllm_config import PLUGIN_DIR, VLLMConfig, core_list, cpu_has_bf16, cuda_available, free_port
 
 __all__ = ["VLLMConfig", "VLLMServer", "cpu_has_bf16", "cuda_available", "free_port"]
@@ -42,14 +43,30 @@ PORT_RELAUNCHES = 3
 """Launches on another port when a server finds the port it picked itself taken while it started."""
 _LAUNCH_MARK = "=== journeyman: "
 
+TORCHRUN_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})  # fmt: skip
+"""What ``torchrun`` sets for each worker (torch's ``LocalElasticAgent._start_workers``), with
+every ``TORCHELASTIC_*`` variable: a server started by a rank is no part of the trainer's process
+group, and vLLM's own ``torch.distributed`` setup must not join it (under
+``TORCHELASTIC_USE_AGENT_STORE=True`` torch builds a client-only store and waits for the agent's).
+They are left out of the server's environment; ``VLLMConfig.env`` can set them back."""
+
+
+def _from_torchrun(name: str) -> bool:
+    return name in TORCHRUN_VARIABLES or name.startswith("TORCHELASTIC_")
+
 
 class VLLMServer:
     """A vLLM server subprocess: start, wait for health, load adapters, stop."""
 
     def __init__(self, config: VLLMConfig, *, log_path: Path, python: Path | None = None) -> None:
-        if config.merge_adapters and config.host not in ("127.0.0.1", "localhost", "::1"):
+        dev = "merge_adapters" if config.merge_adapters else "sleep_mode" if config.sleep_mode else None
+        if dev and config.host not in ("127.0.0.1", "localhost", "::1"):
             raise ConfigError(
-                f"merge_adapters=True turns on vLLM's development endpoints, so vLLM must bind to loopback, "
+                f"{dev}=True turns on vLLM's development endpoints, so vLLM must bind to loopback, "
                 f"not {config.host!r}: expose the gateway (journeyman serve) instead"
             )
         self.config = config
@@ -121,7 +138,13 @@ class VLLMServer:
         if template is not None:
             cmd += ["--chat-template", str(template)]
         if self.device == "cuda":
-            cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+            utilization = c.gpu_memory_utilization
+            cmd += [
+                "--gpu-memory-utilization",
+                str(FALLBACK_UTILIZATION if utilization is None else utilization),
+            ]
+            if c.sleep_mode:
+                cmd += ["--enable-sleep-mode"]
         if c.tensor_parallel_size != 1:
             cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
         if c.data_parallel_size != 1:
@@ -159,9 +182,12 @@ class VLLMServer:
         return max(1, available - reserved)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The server's environment: this process's (its ``HF_HUB_OFFLINE`` included, so a hub name
+        resolves where this process may reach the hub), without what ``torchrun`` set for the
+        trainer's process group (:data:`TORCHRUN_VARIABLES`), then vLLM's settings, then
+        ``VLLMConfig.env``."""
+        env = {k: v for k, v in os.environ.items() if not _from_torchrun(k)}
         env.update(
-            HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
@@ -193,6 +219,8 @@ class VLLMServer:
                 env["OMP_NUM_THREADS"] = str(self.threads())  # unset, vLLM would serve on one thread
         if self.config.merge_adapters:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights, /reset_prefix_cache
+        if self.config.sleep_mode and self.device == "cuda":
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep, /wake_up
         env.update(self.config.env)
         return env
 
@@ -341,6 +369,40 @@ class VLLMServer:
 
     async def unload_adapter(self, name: str, client: httpx.AsyncClient | None = None) -> None:
         await self._post("/v1/unload_lora_adapter", {"lora_name": name}, f"unload adapter {name!r}", client)
+
+    # Sleep mode --------------------------------------------------------------------------------
+
+    async def sleep(self, level: int = 1) -> None:
+        """Hand the GPU memory back while the trainer steps (``sleep_mode=True``, CUDA): level 1
+        copies the weights to CPU memory and drops the KV cache, level 2 drops both. vLLM's
+        ``POST /sleep?level=N&mode=wait`` finishes the requests in flight first; requests that
+        arrive meanwhile wait until :meth:`wake_up`."""
+        await self._sleep_call(f"/sleep?level={level}&mode=wait", f"put vLLM to sleep (level {level})")
+
+    async def wake_up(self) -> None:
+        """Load the weights back and allocate the KV cache again (``POST /wake_up``); a no-op on a
+        server that is awake."""
+        await self._sleep_call("/wake_up", "wake vLLM up")
+
+    async def _sleep_call(self, route: str, what: str) -> None:
+        if not (self.config.sleep_mode and self.device == "cuda"):
+            raise ConfigError(f"cannot {what}: it needs a CUDA server started with sleep_mode=True")
+        async with httpx.AsyncClient(timeout=600.0) as http:
+            try:
+                response = await http.post(self.base_url + route)
+            except httpx.HTTPError as error:
+                raise BackendError(
+                    f"could not {what}: vLLM at {self.base_url} did not answer ({error!r})"
+                ) from error
+        if response.status_code != 200:
+            hint = (
+                " vLLM serves /sleep and /wake_up with VLLM_SERVER_DEV_MODE=1, which sleep_mode=True sets."
+                if response.status_code == 404
+                else ""
+            )
+            raise BackendError(
+                f"could not {what}: vLLM answered {response.status_code}: {_error_message(response)}.{hint}"
+            )
 
     async def _post(
         self, route: str, body: dict[str, Any] | None, what: str, client: httpx.AsyncClient | None

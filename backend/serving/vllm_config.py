@@ -89,8 +89,15 @@ class VLLMConfig:
     """Adapters usable in one batch (more can stay loaded; vLLM swaps them)."""
     kv_cache_gib: float = 2.0
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
-    gpu_memory_utilization: float = 0.5
-    """Share of GPU memory vLLM may take on CUDA (the rest is left to the trainer)."""
+    gpu_memory_utilization: float | None = None
+    """Share of the GPU's memory this server takes on CUDA (``--gpu-memory-utilization``): its
+    weights, activations and KV cache. None: ``LocalBackend`` sizes it from the models' shapes, so
+    that the policy's server, a judge's and the trainer fit one GPU (``backend/serving/gpu_memory.py``);
+    a server started on its own takes 0.5. A number given here wins over the plan."""
+    sleep_mode: bool = False
+    """CUDA only: start vLLM with ``--enable-sleep-mode``, so that it can hand its weights (copied to
+    CPU memory) and KV cache back while the trainer steps (:meth:`VLLMServer.sleep`, ``wake_up``);
+    turns on vLLM's development endpoints, so the server must bind to loopback."""
     tool_parser: str | None = "auto"
     """Tool-call parser for ``--enable-auto-tool-choice``: ``auto`` picks it from the model's chat
     template (``backend/serving/families.py``; ``journeyman``, our tolerant hermes parser, for ``<tool_call>``

@@ -272,13 +272,16 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _rows(sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int], float]) -> list[Row]:
+def _rows(
+    sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int], float], share_prefix: bool = True
+) -> list[Row]:
     """Sorted by tokens, so sequences with a common prefix (a group's prompt, a shared system
     prompt) are neighbours; a sequence joins the row before it when sharing the prefix costs
-    less than a row of its own and the row stays within the budget."""
+    less than a row of its own and the row stays within the budget (never without
+    ``share_prefix``)."""
     rows: list[Row] = []
     for sequence in sorted(sequences, key=lambda s: s.tokens):
-        if rows:
+        if rows and share_prefix:
             row = rows[-1]
             shared = min(
                 _common_prefix(row.sequences[0].tokens, sequence.tokens),
@@ -298,16 +301,21 @@ def _rows(sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int]
 
 
 def pack(
-    sequences: Seq[TrainSequence], token_budget: int, cost: Callable[[int], float] | None = None
+    sequences: Seq[TrainSequence],
+    token_budget: int,
+    cost: Callable[[int], float] | None = None,
+    *,
+    share_prefix: bool = True,
 ) -> list[list[Row]]:
     """Rows of prefix-sharing sequences, grouped into micro-batches whose padded size (rows x
     longest row) fits the budget; a row longer than the budget gets a micro-batch of its own.
 
     ``cost(n)`` is the compute of a forward pass over a row of ``n`` tokens (linear layers grow
     with n, attention with n^2): sequences share a row only when that is cheaper. The default
-    counts tokens, so any shared prefix is shared.
+    counts tokens, so any shared prefix is shared. ``share_prefix=False`` gives each sequence a
+    row of its own, for an engine that attends causally over the whole row (Unsloth in training).
     """
-    rows = _rows(sequences, token_budget, cost or float)
+    rows = _rows(sequences, token_budget, cost or float, share_prefix)
     micro_batches: list[list[Row]] = []
     current: list[Row] = []
     for row in sorted(rows, key=len, reverse=True):

@@ -1,7 +1,7 @@
 """A step's checkpoint on disk: the adapter, the optimizer state and the trainer's state, no pickle.
 
 ``checkpoints/<step:04d>/`` holds ``adapter/`` (peft's format, what vLLM loads), ``optimizer.safetensors``
-(AdamW's state by parameter name, and torch's RNG state) and the JSON state file. The store writes the
+(AdamW's state by parameter name, and torch's RNG states, the GPUs' included) and the JSON state file. The store writes the
 folder atomically (:meth:`~journeyman.store.ModelStore.write_checkpoint`), so a killed write leaves
 the previous checkpoint as the latest.
 """
@@ -20,7 +20,16 @@ import torch
 
 from journeyman.store import CHECKPOINT_STATE, ModelStore
 
-__all__ = ["ADAPTER", "OPTIMIZER", "STATE", "checkpoint_tensors", "read_optimizer", "write_checkpoint"]
+__all__ = [
+    "ADAPTER",
+    "OPTIMIZER",
+    "STATE",
+    "checkpoint_tensors",
+    "read_optimizer",
+    "restore_rng",
+    "rng_states",
+    "write_checkpoint",
+]
 
 ADAPTER = "adapter"
 OPTIMIZER = "optimizer.safetensors"
@@ -59,7 +68,7 @@ def write_checkpoint(
     with store.write_checkpoint(step) as folder:
         try:
             save_adapter(folder / ADAPTER, adapter)
-            tensors = {"rng/torch": torch.get_rng_state()}
+            tensors = rng_states()
             tensors |= {key: value.contiguous() for key, value in optimizer.items()}
             save_file(tensors, str(folder / OPTIMIZER))
         except SafetensorError as error:
@@ -68,14 +77,33 @@ def write_checkpoint(
     return store.checkpoint_path(step)
 
 
+def rng_states() -> dict[str, torch.Tensor]:
+    """torch's RNG states: the CPU's, and each visible GPU's where CUDA is in use."""
+    states = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        states |= {f"rng/cuda:{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())}
+    return states
+
+
+def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
+    """Restore the RNG states :func:`rng_states` saved (taking them out of ``tensors``); a GPU's
+    state is restored where that GPU is visible."""
+    if "rng/torch" in tensors:
+        torch.set_rng_state(tensors.pop("rng/torch"))
+    for key in [key for key in tensors if key.startswith("rng/cuda:")]:
+        state, index = tensors.pop(key), int(key.removeprefix("rng/cuda:"))
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            torch.cuda.set_rng_state(state, index)
+
+
 def read_optimizer(folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], float | None]:
-    """A checkpoint's optimizer state by parameter name, and the learning rate it was trained at;
-    torch's RNG state is restored on the way."""
+    """A checkpoint's optimizer state by parameter name, on the CPU (the trainer moves each
+    value to its parameter's device), and the learning rate it was trained at; torch's RNG
+    states are restored on the way."""
     from safetensors.torch import load_file
 
     tensors = load_file(str(folder / OPTIMIZER))
-    if "rng/torch" in tensors:
-        torch.set_rng_state(tensors.pop("rng/torch"))
+    restore_rng(tensors)
     by_parameter: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         name, _, part = key.partition("/")

@@ -54,7 +54,16 @@ try:
 except ImportError:  # pragma: no cover - trainer.py raised already
     raise
 
-__all__ = ["DataParallelTrainer", "LeaderTrainer", "follow", "init_distributed", "shard", "world"]
+__all__ = [
+    "DataParallelTrainer",
+    "LeaderTrainer",
+    "chosen_device",
+    "follow",
+    "init_distributed",
+    "rank_device",
+    "shard",
+    "world",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +75,67 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the process group ``torchrun`` describes in the environment (gloo for CPU tensors, nccl for CUDA)."""
+def rank_device(
+    local_rank: int, cuda_devices: int, train_device: str = "auto", *, local_world_size: int = 1
+) -> str:
+    """The device a rank trains on: ``"cpu"``, or ``"cuda:<local_rank>"``, a GPU of its own.
+
+    ``train_device="cpu"`` puts every rank on the CPU (data parallelism needs no GPU there);
+    ``"cuda"`` gives local rank k the k-th of the ``cuda_devices`` GPUs this process sees;
+    ``"auto"`` is ``"cuda"`` where there is a GPU, else ``"cpu"``. More ranks on this machine
+    (``local_world_size``, torchrun's ``--nproc-per-node``) than GPUs is a :class:`ConfigError`
+    on every rank, not CUDA's "invalid device ordinal" on some. An Unsloth rank loads onto its
+    GPU with ``device_map={"": local_rank}`` (Unsloth's ``"sequential"`` would fill GPU 0 from
+    every rank).
+    """
+    if train_device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train_device must be auto, cpu or cuda, got {train_device!r}")
+    if train_device == "cpu" or (train_device == "auto" and cuda_devices == 0):
+        return "cpu"
+    if cuda_devices == 0:
+        raise ConfigError(
+            "train_device='cuda', but this process sees no CUDA GPU: check the driver and "
+            "CUDA_VISIBLE_DEVICES, or train on the CPU (train_device='cpu')"
+        )
+    ranks = max(local_rank + 1, local_world_size)
+    if ranks > cuda_devices:
+        raise ConfigError(
+            f"{ranks} training processes on this machine, but it has {cuda_devices} CUDA GPU(s), and "
+            f"each process that trains on CUDA needs a GPU of its own: lower --nproc-per-node to "
+            f"{cuda_devices} or fewer, or train on the CPU (train_device='cpu')"
+        )
+    return f"cuda:{local_rank}"
+
+
+_chosen_device: str | None = None
+
+
+def chosen_device() -> str | None:
+    """The device :func:`init_distributed` picked for this rank (:func:`rank_device`); None before it ran."""
+    return _chosen_device
+
+
+def init_distributed(train_device: str = "auto") -> tuple[int, int]:
+    """Join the process group ``torchrun`` describes in the environment; return (rank, world size).
+
+    The rank's device is :func:`rank_device`'s for ``train_device`` (:func:`chosen_device` keeps
+    it). A rank that trains on CUDA makes its GPU the current device and joins with gloo for CPU
+    tensors and nccl for CUDA ones (each collective goes to the backend of its tensors' device);
+    a CPU rank joins with gloo alone and never touches a GPU.
+    """
+    global _chosen_device
+    _chosen_device = rank_device(
+        int(os.environ.get("LOCAL_RANK", "0")),
+        torch.cuda.device_count(),
+        train_device,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         if not dist.is_available():
             raise ConfigError("this torch build has no torch.distributed: install a standard torch wheel")
         backend = "gloo"
-        if torch.cuda.is_available():  # each collective goes to the backend of its tensors' device
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if _chosen_device.startswith("cuda"):
+            torch.cuda.set_device(_chosen_device)
             backend = "cpu:gloo,cuda:nccl"
         dist.init_process_group(backend)
     return world()
@@ -102,7 +164,9 @@ class DataParallelTrainer(Trainer):
 
     def __init__(self, *args: Any, fsdp: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.rank, self.world_size = init_distributed()
+        spec = "cuda" if self.train_device.startswith("cuda") else self.train_device
+        self.rank, self.world_size = init_distributed(spec)
+        self._device = torch.device(chosen_device() or "cpu")  # the rank's own GPU, or the CPU
         self.fsdp = fsdp and self.world_size > 1
         """Shard the decoder layers across the ranks (FSDP2) instead of holding the whole model on each."""
         if self.fsdp and self.uses_unsloth:
@@ -137,7 +201,7 @@ class DataParallelTrainer(Trainer):
             )
         held = self.optimizer.state if self.optimizer is not None else {}
         states = {name: held[p] for name, p in self._trainable() if p in held}
-        mesh = init_device_mesh("cpu", (self.world_size,))  # the transformers engine trains on the CPU
+        mesh = init_device_mesh(self.device.type, (self.world_size,))  # FSDP over gloo, or NCCL on GPUs
         for layer in decoder.layers:
             fully_shard(layer, mesh=mesh)
         whole = {p for p in decoder.parameters() if not isinstance(p, DTensor)}
@@ -150,7 +214,7 @@ class DataParallelTrainer(Trainer):
                 # (and gloo has no pre-multiplied sum).
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
-        release_memory()  # the whole layers' memory, now freed (fp32: 1191 -> 784 MiB per rank)
+        release_memory(self.device)  # the whole layers' memory, now freed (fp32: 1191 -> 784 MiB per rank)
         self.optimizer = None  # its parameters were replaced by their shards
         if states:
             optimizer = self._optimizer(TrainConfig(learning_rate=self._learning_rate or 1e-5))
@@ -221,6 +285,7 @@ class DataParallelTrainer(Trainer):
             return
         if not self.fsdp:  # FSDP reduced the gradients in the backward pass already
             self._all_reduce_gradients(params)
+        totals.gather()  # this rank's sums on the host first
         device = params[0].device if params else torch.device("cpu")
         sums = torch.tensor(totals.sums(), dtype=torch.float64, device=device)
         dist.all_reduce(sums)
@@ -299,6 +364,7 @@ class LeaderTrainer(DataParallelTrainer):
                 "threads": self.threads,
                 "seed": self.seed,
                 "fsdp": self.fsdp,
+                "device": self.train_device,
             }
             _send((_LOAD, self._key(), str(self.base_model), options))
         return super().load()

@@ -7,7 +7,9 @@ checkpoint made by one resumes in the other and vLLM serves either.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,39 +21,37 @@ from journeyman.errors import ConfigError
 from . import fused_lora
 from .checkpoints import ADAPTER
 
-__all__ = [
-    "TRAINING_ENGINES",
-    "bf16_supported",
-    "load_transformers",
-    "load_unsloth",
-    "training_dtype",
-    "unsloth_chosen",
-]
+__all__ = ["TRAINING_ENGINES", "load_transformers", "load_unsloth", "unsloth_chosen"]
 
 TRAINING_ENGINES = ("auto", "transformers", "unsloth")
 
-
-def bf16_supported() -> bool:
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(check and check())
+logger = logging.getLogger(__name__)
 
 
-def training_dtype(precision: str) -> torch.dtype:
-    """fp32 when asked for, or by default where the host has no bf16 instructions; else bf16."""
-    if precision == "fp32" or (precision == "auto" and not bf16_supported()):
-        return torch.float32
-    return torch.bfloat16
-
-
-def unsloth_chosen(engine: str) -> bool:
-    """Unsloth when asked for, or by default where CUDA and Unsloth are both present."""
-    if engine == "unsloth":
-        if not (torch.cuda.is_available() and importlib.util.find_spec("unsloth")):
-            raise ConfigError("engine='unsloth' needs a CUDA GPU and `pip install 'journeyman[unsloth]'`")
-        return True
-    return engine == "auto" and torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
+def unsloth_chosen(engine: str, device: torch.device) -> bool:
+    """Unsloth when asked for, or by default when training on CUDA where Unsloth imports. A
+    broken Unsloth install (``import unsloth`` raising) falls back to transformers with a warning
+    under ``auto``, and is an error that shows the import's own error when asked for."""
+    if engine == "transformers" or (engine == "auto" and device.type != "cuda"):
+        return False
+    if device.type != "cuda":
+        raise ConfigError(f"engine='unsloth' trains on a CUDA GPU; the train device is {device}")
+    if importlib.util.find_spec("unsloth") is None:
+        if engine == "unsloth":
+            raise ConfigError(
+                "engine='unsloth' needs Unsloth installed beside journeyman (see the GPU guide)"
+            )
+        return False
+    try:
+        importlib.import_module("unsloth")
+    except Exception as error:  # a broken install: anything its import raises
+        if engine == "unsloth":
+            raise ConfigError(f"engine='unsloth', but `import unsloth` fails: {error}") from error
+        logger.warning(
+            "Unsloth is installed but `import unsloth` fails (%s): training with transformers", error
+        )
+        return False
+    return True
 
 
 def _peft_config(lora: LoRAConfig) -> Any:
@@ -74,18 +74,20 @@ def load_transformers(
     lora: LoRAConfig,
     seed: int,
     fused: bool,
+    device: torch.device,
 ) -> tuple[Any, Any]:
-    """The model and tokenizer: a fresh adapter (the same for the same ``seed``) when
-    ``checkpoint`` is None, else the checkpoint's, trainable."""
+    """The model, loaded onto ``device``, and tokenizer: a fresh adapter (the same for the same
+    ``seed``, on any device) when ``checkpoint`` is None, else the checkpoint's, trainable."""
     from peft import PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    placed = {} if device.type == "cpu" else {"device_map": {"": device}}  # straight onto the GPU
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placed)
     if checkpoint is None:
         with torch.random.fork_rng(devices=[]):  # the same initial adapter for the same seed
             torch.manual_seed(seed)
-            model = get_peft_model(base, _peft_config(lora))
+            model = get_peft_model(base, _peft_config(lora))  # drawn on the CPU, then moved
     else:
         model = PeftModel.from_pretrained(base, checkpoint / ADAPTER, is_trainable=True)
     if fused:
@@ -94,13 +96,33 @@ def load_transformers(
 
 
 def load_unsloth(
-    path: Path | str, checkpoint: Path | None, *, dtype: torch.dtype, lora: LoRAConfig
+    path: Path | str,
+    checkpoint: Path | None,
+    *,
+    dtype: torch.dtype,
+    lora: LoRAConfig,
+    seed: int,
+    device: torch.device,
+    max_seq_length: int,
 ) -> tuple[Any, Any]:  # pragma: no cover - GPU only
-    """Unsloth's fused kernels on CUDA; the same peft adapter format on disk."""
+    """Unsloth's fused kernels on ``device`` (a GPU of its own per rank); the same peft adapter
+    format on disk. ``max_seq_length`` is the longest row it is given: Unsloth cuts longer
+    inputs. Unsloth drops any attention mask while training, so its rows hold one sequence each
+    (:func:`~journeyman.backend.training.batch.pack` with ``share_prefix=False``)."""
+    from transformers import AutoConfig
     from unsloth import FastLanguageModel
 
     source = str(checkpoint / ADAPTER) if checkpoint is not None else str(path)
-    model, tokenizer = FastLanguageModel.from_pretrained(model_name=source, dtype=dtype, load_in_4bit=False)
+    # Above the model's own context Unsloth would scale RoPE, and its numbers would leave vLLM's
+    limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None) or max_seq_length
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=source,
+        dtype=dtype,
+        load_in_4bit=False,
+        max_seq_length=min(max_seq_length, limit),
+        device_map={"": device.index or 0},
+        use_exact_model_name=True,  # not a remap to an unsloth/... copy of the hub model
+    )
     if checkpoint is None:
         model = FastLanguageModel.get_peft_model(
             model,
@@ -108,6 +130,7 @@ def load_unsloth(
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=list(lora.effective_target_modules),
+            random_state=seed,
         )
     FastLanguageModel.for_training(model)
     return model, tokenizer

@@ -16,6 +16,7 @@ from .batch import Row, TrainSequence
 __all__ = [
     "ChosenLogprobs",
     "PackedInputs",
+    "SequenceViews",
     "chunk_logprobs",
     "packed_inputs",
     "sequence_views",
@@ -33,27 +34,61 @@ class PackedInputs:
     of each of its tokens."""
 
 
+@dataclass
+class SequenceViews:
+    """(B, T-1) per-sequence views for the loss, on the model's device, and what the host knows
+    of them (which tokens and sequences are trained) as index tensors, so that selecting them
+    needs no boolean indexing and no wait for the device. Token t is predicted from position
+    t-1, so targets and their masks are shifted by one."""
+
+    where: torch.Tensor  # (B, T-1) packed index of the position that predicts each target
+    targets: torch.Tensor  # (B, T-1)
+    mask: torch.Tensor  # (B, T-1) float, 1 for trained targets
+    sampling: torch.Tensor  # (B, T-1) vLLM's logprobs, NaN where unknown
+    trained: torch.Tensor  # (N,) flat index into (B, T-1) of the trained targets, in order
+    live: torch.Tensor  # (L,) the sequences with at least one trained target
+    tokens: int
+    """N, the trained targets."""
+
+
 def sequence_views(
-    sequences: list[TrainSequence], where: list[list[int]]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, T-1) per-sequence views for the loss: the packed index of the position that predicts
-    each target, the targets, the trained-token mask and the sampling logprobs. Token t is
-    predicted from position t-1, so targets and their masks are shifted by one."""
+    sequences: list[TrainSequence], where: list[list[int]], device: torch.device | str = "cpu"
+) -> SequenceViews:
+    """The micro-batch's views, built on the host and moved to ``device`` once each."""
     width = max(len(s) for s in sequences)
     index = torch.zeros((len(sequences), width), dtype=torch.long)
     targets = torch.zeros((len(sequences), width), dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.float32)
     sampling = torch.full((len(sequences), width), math.nan, dtype=torch.float32)
+    trained: list[int] = []
+    live: list[int] = []
     for b, (sequence, places) in enumerate(zip(sequences, where, strict=True)):
         n = len(sequence)
         index[b, :n] = torch.tensor(places)
         targets[b, :n] = torch.tensor(sequence.tokens)
         mask[b, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         sampling[b, :n] = torch.tensor(sequence.sampling_logprobs, dtype=torch.float32)
-    return index[:, :-1], targets[:, 1:], mask[:, 1:], sampling[:, 1:]
+        chosen = [b * (width - 1) + t - 1 for t in range(1, n) if sequence.mask[t]]
+        trained += chosen
+        if chosen:
+            live.append(b)
+
+    def placed(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(device, non_blocking=True)
+
+    return SequenceViews(
+        where=placed(index[:, :-1]),
+        targets=placed(targets[:, 1:]),
+        mask=placed(mask[:, 1:]),
+        sampling=placed(sampling[:, 1:]),
+        trained=placed(torch.tensor(trained, dtype=torch.long)),
+        live=placed(torch.tensor(live, dtype=torch.long)),
+        tokens=len(trained),
+    )
 
 
-def packed_inputs(rows: list[Row], pad: int) -> PackedInputs:
+def packed_inputs(rows: list[Row], pad: int, device: torch.device | str = "cpu") -> PackedInputs:
+    """The rows' tokens and positions, moved to ``device``; the (R, 1, W, W) mask is made there."""
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -69,37 +104,38 @@ def packed_inputs(rows: list[Row], pad: int) -> PackedInputs:
         segment[r, :n] = torch.tensor(segments)
         prefix[r] = row.prefix
         where += [[r * width + i for i in sequence] for sequence in index]
-    q = torch.arange(width)[:, None]  # (W, 1)
-    k = torch.arange(width)[None, :]  # (1, W)
+    segment, prefix = segment.to(device, non_blocking=True), prefix.to(device, non_blocking=True)
+    q = torch.arange(width, device=device)[:, None]  # (W, 1)
+    k = torch.arange(width, device=device)[None, :]  # (1, W)
     attention = (k <= q) & ((k >= segment[:, :, None]) | (k < prefix))  # (R, W, W)
-    return PackedInputs(input_ids, position_ids, attention[:, None], where)
+    return PackedInputs(
+        input_ids.to(device, non_blocking=True),
+        position_ids.to(device, non_blocking=True),
+        attention[:, None],
+        where,
+    )
 
 
 def token_logprobs(
-    model: Any,
-    inputs: PackedInputs,
-    where: torch.Tensor,
-    targets: torch.Tensor,
-    mask: torch.Tensor,
-    chunk: int,
+    model: Any, inputs: PackedInputs, views: SequenceViews, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs (with gradient) and entropies (detached) of the masked target tokens, (B, T-1).
+    """Logprobs (with gradient) and entropies (detached) of the trained target tokens, (B, T-1).
 
     One forward pass over the packed rows; logits are computed only at trained positions and
     ``chunk`` positions at a time, each chunk recomputed in the backward pass, so the
-    full-vocabulary logits of the batch are never held in memory at once.
+    full-vocabulary logits of the batch are never held in memory at once. Nothing here waits
+    for the device: the trained positions are indices the host already knows.
     """
     causal_lm = model.get_base_model()
     hidden = causal_lm.get_decoder()(
         input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention
     ).last_hidden_state  # (R, W, H)
-    positions = mask.bool()
-    chosen_hidden = hidden.flatten(0, 1)[where[positions]]  # (N, H)
-    chosen_targets = targets[positions]  # (N,)
+    chosen_hidden = hidden.flatten(0, 1)[views.where.flatten()[views.trained]]  # (N, H)
+    chosen_targets = views.targets.flatten()[views.trained]  # (N,)
     head = causal_lm.get_output_embeddings()
     frozen_head = type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
     pieces, entropies = [], []
-    for start in range(0, chosen_targets.numel(), chunk):
+    for start in range(0, views.tokens, chunk):
         piece = chosen_hidden[start : start + chunk], chosen_targets[start : start + chunk]
         if frozen_head:
             logprob, entropy = ChosenLogprobs.apply(*piece, head.weight)  # type: ignore[no-untyped-call]
@@ -108,11 +144,14 @@ def token_logprobs(
         pieces.append(logprob)
         entropies.append(entropy)
     flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    logprobs = torch.zeros(mask.shape, dtype=torch.float32).masked_scatter(positions, flat)
-    entropy = torch.zeros(mask.shape, dtype=torch.float32)
+    shape, device = views.mask.shape, views.mask.device
+    logprobs = torch.zeros(shape.numel(), dtype=torch.float32, device=device).index_put(
+        (views.trained,), flat
+    )
+    entropy = torch.zeros(shape.numel(), dtype=torch.float32, device=device)
     if entropies:
-        entropy = entropy.masked_scatter(positions, torch.cat(entropies))
-    return logprobs, entropy
+        entropy = entropy.index_put((views.trained,), torch.cat(entropies))
+    return logprobs.view(shape), entropy.view(shape)
 
 
 class ChosenLogprobs(torch.autograd.Function):
@@ -138,7 +177,7 @@ class ChosenLogprobs(torch.autograd.Function):
         hidden, targets, weight, lse = ctx.saved_tensors
         logits = (hidden @ weight.t()).float()
         grad_logits = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -softmax x grad
-        grad_logits[torch.arange(len(targets)), targets] += grad
+        grad_logits[torch.arange(len(targets), device=targets.device), targets] += grad
         return grad_logits.to(hidden.dtype) @ weight, None, None
 
 

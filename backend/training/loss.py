@@ -177,25 +177,32 @@ def cispo_objective(
 
 
 def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation, max_tokens: int = 1024
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    how: Aggregation,
+    max_tokens: int = 1024,
+    live: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss over the trained tokens to a scalar.
 
     sequence_mean: mean over each sequence's tokens, then over sequences (GRPO, GSPO)
     token_mean:    sum over all tokens / number of tokens (DAPO, CISPO)
     constant:      sum over all tokens / (B * max_tokens) (Dr. GRPO)
-    Sequences without trained tokens count in none of the denominators.
+    Sequences without trained tokens count in none of the denominators. ``live`` (L,) indexes
+    the sequences with trained tokens when the caller knows them (the trainer does, on the
+    host): then nothing here waits for the device.
     """
     per_token = per_token * mask
     tokens = mask.sum(-1)
+    if live is None:
+        live = (tokens > 0).nonzero().squeeze(-1)
     if how == "sequence_mean":
-        live = tokens > 0
-        if not live.any():
+        if live.numel() == 0:
             return per_token.sum() * 0
         return (per_token.sum(-1)[live] / tokens[live]).mean()
     if how == "token_mean":
         return per_token.sum() / tokens.sum().clamp(min=1)
-    return per_token.sum() / (max(1, int((tokens > 0).sum())) * max_tokens)
+    return per_token.sum() / (max(1, live.numel()) * max_tokens)
 
 
 def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
@@ -232,8 +239,10 @@ def policy_loss(
     mismatch_threshold: float = 2.0,
     beta: float = 0.0,
     reference_logprobs: torch.Tensor | None = None,
+    live: torch.Tensor | None = None,
 ) -> LossParts:
-    """The loss of one micro-batch. Shapes: logprobs, sampling_logprobs, mask (B, T); advantage (B,)."""
+    """The loss of one micro-batch. Shapes: logprobs, sampling_logprobs, mask (B, T); advantage
+    (B,); ``live`` (L,), the sequences with trained tokens, when known (:func:`aggregate`)."""
     variant = LOSSES[loss_type]
     given = mask.to(logprobs.dtype)
     ratio, mask = mismatch_ratio(logprobs, sampling_logprobs, given, mismatch, mismatch_threshold)
@@ -252,10 +261,12 @@ def policy_loss(
     # Tokens the mismatch mask drops add nothing but keep their place in the denominators (as in
     # TRL's off-policy mask): a micro-batch's share of the batch is then known before its forward
     # pass, and the accumulated gradient does not depend on how the batch was split.
-    policy = aggregate(per_token * mask, given, variant.aggregation, max_tokens)
+    policy = aggregate(per_token * mask, given, variant.aggregation, max_tokens, live)
     total, kl = policy, None
     if beta and reference_logprobs is not None:
-        kl = aggregate(k3_kl(logprobs, reference_logprobs) * mask, given, variant.aggregation, max_tokens)
+        kl = aggregate(
+            k3_kl(logprobs, reference_logprobs) * mask, given, variant.aggregation, max_tokens, live
+        )
         total = total + beta * kl
     return LossParts(
         loss=total,

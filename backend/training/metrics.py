@@ -33,7 +33,11 @@ def data_metrics(batch: Batch, zero_variance: int, sequences: list[TrainSequence
 
 class StepTotals:
     """The batch-level denominators and the running sums for the step's metrics. Processes that
-    share a step add their :meth:`sums` together and take the largest :attr:`max_ratio`."""
+    share a step add their :meth:`sums` together and take the largest :attr:`max_ratio`.
+
+    :meth:`add` keeps each micro-batch's values as tensors on the device that computed them;
+    :meth:`gather` brings them to the host in one transfer, the step's one wait for the device.
+    """
 
     SUMMED = ("loss", "policy", "kl", "clipped", "entropy", "masked", "known", "mismatch_k1", "micro_batches")
 
@@ -47,36 +51,68 @@ class StepTotals:
         self.mismatch_k1 = 0.0
         self.max_ratio = 1.0
         self.micro_batches = 0
+        self._pending: list[tuple[torch.Tensor, float, int]] = []
+        """Each micro-batch's values on its device, its weight and its trained tokens."""
 
-    def share(self, mask: torch.Tensor, aggregation: str) -> float:
+    def share(self, tokens: int, live: int, aggregation: str) -> float:
+        """A micro-batch's share of the batch's denominator, from what the host knows of it: its
+        trained tokens and its sequences with trained tokens."""
         if aggregation == "token_mean":
-            return float(mask.sum()) / max(1, self.tokens)
-        return float((mask.sum(-1) > 0).sum()) / max(1, self.live_sequences)
+            return tokens / max(1, self.tokens)
+        return live / max(1, self.live_sequences)
 
     def add(
         self,
         parts: Any,
         weight: float,
+        tokens: int,
         logprobs: torch.Tensor,
         sampling: torch.Tensor,
         mask: torch.Tensor,
         entropy: torch.Tensor,
     ) -> None:
-        tokens = float(mask.sum())
+        """Keep a micro-batch's values (no wait for the device)."""
         self.micro_batches += 1
-        self.loss += float(parts.loss.detach()) * weight
-        self.policy += float(parts.policy) * weight
-        if parts.kl is not None:
-            self.kl += float(parts.kl) * weight
-        self.clipped += float(parts.clip_fraction) * tokens
-        self.masked += float(parts.masked_by_mismatch)
-        self.entropy += float((entropy * mask).sum())
         known = mask.bool() & ~torch.isnan(sampling)
-        if known.any():
-            delta = sampling[known] - logprobs[known]  # log mu - log pi on tokens sampled from mu
-            self.known += int(known.sum())
-            self.mismatch_k1 += float(delta.sum())
-            self.max_ratio = max(self.max_ratio, float(torch.exp(delta.abs()).max()))
+        delta = torch.where(known, sampling - logprobs, 0.0)  # log mu - log pi on tokens sampled from mu
+        kl = parts.kl if parts.kl is not None else torch.zeros((), device=logprobs.device)
+        values = torch.stack(
+            [
+                parts.loss.detach().float(),
+                parts.policy.float(),
+                kl.float(),
+                parts.clip_fraction.float(),
+                parts.masked_by_mismatch.float(),
+                (entropy * mask).sum(),
+                known.sum().float(),
+                delta.sum(),
+                torch.exp(delta.abs()).max() if delta.numel() else torch.ones((), device=delta.device),
+            ]
+        )
+        self._pending.append((values, weight, tokens))
+
+    def gather(self, *extra: torch.Tensor) -> list[float]:
+        """Add the kept micro-batches' values to the sums, and return ``extra``'s values, in one
+        transfer from the device."""
+        pending, self._pending = self._pending, []
+        whole = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in extra]  # FSDP's DTensor norm
+        rows = [values.double() for values, _, _ in pending] + [t.detach().double().reshape(1) for t in whole]
+        host: list[float] = torch.cat(rows).tolist() if rows else []
+        flat = iter(host)
+        for _, weight, tokens in pending:
+            loss, policy, kl, clipped, masked, entropy, known, mismatch, ratio = (
+                next(flat) for _ in range(9)
+            )
+            self.loss += loss * weight
+            self.policy += policy * weight
+            self.kl += kl * weight
+            self.clipped += clipped * tokens
+            self.masked += masked
+            self.entropy += entropy
+            self.known += int(known)
+            self.mismatch_k1 += mismatch
+            self.max_ratio = max(self.max_ratio, ratio)
+        return list(flat)
 
     def sums(self) -> list[float]:
         """The running sums, in :attr:`SUMMED` order."""

@@ -38,7 +38,7 @@ from journeyman.trajectory import TrajectoryGroup
 
 from ..models import resolve_base_model
 from .batch import Row, TrainSequence, build_batch, pack
-from .logprobs import packed_inputs, sequence_views, token_logprobs
+from .logprobs import SequenceViews, packed_inputs, sequence_views, token_logprobs
 from .loss import LOSSES, policy_loss
 from .loss import advantages as group_advantages
 from .memory import release_memory
@@ -50,14 +50,15 @@ except ImportError as error:  # pragma: no cover - the train extra is missing
     raise MissingDependencyError("torch", "train", "the trainer") from error
 
 from .checkpoints import ADAPTER, OPTIMIZER, STATE, checkpoint_tensors, read_optimizer, write_checkpoint
-from .loading import (
-    TRAINING_ENGINES,
+from .device import (
     bf16_supported,
-    load_transformers,
-    load_unsloth,
+    describe,
+    parse_train_device,
+    resolve_train_device,
+    synchronize,
     training_dtype,
-    unsloth_chosen,
 )
+from .loading import TRAINING_ENGINES, load_transformers, load_unsloth, unsloth_chosen
 
 __all__ = ["ADAPTER", "OPTIMIZER", "STATE", "StepResult", "Trainer", "bf16_supported"]
 
@@ -89,6 +90,8 @@ class Trainer:
         engine: str = "auto",
         seed: int = 0,
         fused_lora: bool = True,
+        device: str | torch.device = "auto",
+        max_seq_length: int | None = None,
     ) -> None:
         self.base_model = base_model
         self.seed = seed
@@ -101,6 +104,14 @@ class Trainer:
         if engine not in TRAINING_ENGINES:
             raise ConfigError(f"engine must be auto, transformers or unsloth, got {engine!r}")
         self.engine = engine
+        self.train_device = parse_train_device(device)
+        """What it was asked to train on (``auto``, ``cpu``, ``cuda``, ``cuda:N``); :attr:`device`
+        is the device that names on this machine."""
+        self._device: torch.device | None = None
+        self._unsloth: bool | None = None
+        self.max_seq_length = max_seq_length or TrainConfig().max_seq_len
+        """Unsloth only: the longest row it is loaded for (it cuts longer inputs); a step whose
+        ``max_seq_len`` is larger is refused."""
         self.step = 0
         self.model: Any = None
         self.tokenizer: Any = None
@@ -113,13 +124,27 @@ class Trainer:
     # Loading and checkpoints -------------------------------------------------------------------
 
     @property
+    def device(self) -> torch.device:
+        """The device it trains on: the model, and every tensor a step makes, are there."""
+        if self._device is None:
+            self._device = resolve_train_device(self.train_device)
+        return self._device
+
+    @property
     def dtype(self) -> torch.dtype:
-        return training_dtype(self.precision)
+        """The base weights' dtype: bf16 where the training device has it (fp32 by ``precision``)."""
+        return training_dtype(self.precision, self.device)
 
     @property
     def uses_unsloth(self) -> bool:
-        """Unsloth when asked for, or by default where CUDA and Unsloth are both present."""
-        return unsloth_chosen(self.engine)
+        """Unsloth when asked for, or by default when training on CUDA where Unsloth imports."""
+        if self._unsloth is None:
+            self._unsloth = unsloth_chosen(self.engine, self.device)
+        return self._unsloth
+
+    def describe(self) -> str:
+        """Engine, device and dtype, e.g. ``"transformers on cpu in bfloat16"``."""
+        return describe("unsloth" if self.uses_unsloth else "transformers", self.device, self.dtype)
 
     def load(self) -> int:
         """Load the base model and the latest complete checkpoint (or create step 0); return the step."""
@@ -128,12 +153,18 @@ class Trainer:
         path = resolve_base_model(str(self.base_model))
         latest = self.store.latest_checkpoint()
         checkpoint = None if latest is None else latest[1]
+        device = self.device
         if self.uses_unsloth:
-            self.model, self.tokenizer = load_unsloth(path, checkpoint, dtype=self.dtype, lora=self.lora)
+            self.model, self.tokenizer = load_unsloth(
+                path, checkpoint, dtype=self.dtype, lora=self.lora, seed=self.seed, device=device,
+                max_seq_length=self.max_seq_length,
+            )  # fmt: skip
         else:
             self.model, self.tokenizer = load_transformers(
-                path, checkpoint, dtype=self.dtype, lora=self.lora, seed=self.seed, fused=self.fused_lora
-            )
+                path, checkpoint, dtype=self.dtype, lora=self.lora, seed=self.seed, fused=self.fused_lora,
+                device=device,
+            )  # fmt: skip
+        logger.info("training %s with %s", self.base_model, self.describe())
         for parameter in self.model.parameters():
             if parameter.requires_grad:
                 parameter.data = parameter.data.float()  # LoRA weights and optimizer state in fp32
@@ -228,8 +259,11 @@ class Trainer:
             return
         optimizer = self._optimizer(TrainConfig(learning_rate=learning_rate or 1e-5))
         for name, parameter in self._trainable():
-            if name in tensors:
-                optimizer.state[parameter] = tensors[name]
+            if name in tensors:  # onto the parameter's device; AdamW keeps its step count on the CPU
+                optimizer.state[parameter] = {
+                    key: value.to(parameter.device) if value.dim() else value
+                    for key, value in tensors[name].items()
+                }
 
     # One step ----------------------------------------------------------------------------------
 
@@ -255,7 +289,7 @@ class Trainer:
         try:
             return self.train_step(groups, config)
         finally:
-            release_memory()
+            release_memory(self.device)
 
     def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
         if self.model is None:
@@ -301,17 +335,33 @@ class Trainer:
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Forward and backward over the micro-batches, then one clipped optimizer step; the
         training metrics, and the timings."""
+        totals, grad_norm, timings = self._device_step(sequences, advantage, config)
+        (norm,) = totals.gather(grad_norm)  # the step's one wait for the device's numbers
+        metrics = {**totals.metrics(), "train/grad_norm": norm, "train/learning_rate": config.learning_rate}
+        return metrics, timings
+
+    def _device_step(
+        self, sequences: list[TrainSequence], advantage: torch.Tensor, config: TrainConfig
+    ) -> tuple[StepTotals, torch.Tensor, dict[str, float]]:
+        """The step's tensor work, all of it on :attr:`device` and none of it waiting for the
+        device's numbers (a GPU runs ahead of the host): the micro-batches' forward and backward
+        passes, the gradient's clipping and the optimizer step. The running totals, the gradient
+        norm (a tensor on the device) and the timings."""
+        if config.max_seq_len > self.max_seq_length and self.uses_unsloth:
+            raise ConfigError(
+                f"max_seq_len={config.max_seq_len}, but Unsloth was loaded for rows of at most "
+                f"{self.max_seq_length} tokens: create the trainer with max_seq_length={config.max_seq_len}"
+            )
         optimizer = self._optimizer(config)
         self.model.train()
         if config.gradient_checkpointing:
-            self.model.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
-            self.model.enable_input_require_grads()
+            self._checkpoint_activations(True)
         totals = StepTotals(sequences)
+        advantage = advantage.to(self.device, non_blocking=True)
         start = time.perf_counter()
         for rows, trains in self._micro_batches(sequences, config):
             self._forward_backward(rows, advantage, config, totals, trains)
+        synchronize(self.device)
         forward_backward = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -321,22 +371,45 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
         optimizing = time.perf_counter() - start
         if config.gradient_checkpointing:
-            self.model.activation_checkpointing_disable()
-        metrics = {
-            **totals.metrics(),
-            "train/grad_norm": float(grad_norm),
-            "train/learning_rate": config.learning_rate,
-        }
-        return metrics, {"time/forward_backward": forward_backward, "time/optimizer": optimizing}
+            self._checkpoint_activations(False)
+        return totals, grad_norm, {"time/forward_backward": forward_backward, "time/optimizer": optimizing}
+
+    def _checkpoint_activations(self, on: bool) -> None:
+        """Recompute each layer's activations in the backward pass (``gradient_checkpointing``).
+        Unsloth checkpoints its own way, from its load on; transformers 5.23 and newer name it
+        ``activation_checkpointing_*``, older ones (Unsloth's pins) ``gradient_checkpointing_*``."""
+        if self.uses_unsloth:
+            return
+        model = self.model
+        if hasattr(model, "activation_checkpointing_enable"):
+            if on:
+                model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                model.activation_checkpointing_disable()
+        elif on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+        if on:
+            model.enable_input_require_grads()
 
     def _micro_batches(
         self, sequences: list[TrainSequence], config: TrainConfig
     ) -> list[tuple[list[Row], bool]]:
         """This process's packed micro-batches, each with whether it trains: data parallel trains a
         share, and under FSDP adds passes that train nothing so that every rank runs as many."""
-        rows = pack(self._local_share(sequences), config.micro_batch_tokens, self._row_cost)
+        # Unsloth drops the tree mask in training: there a row holds one sequence
+        rows = pack(
+            self._local_share(sequences),
+            config.micro_batch_tokens,
+            self._row_cost,
+            share_prefix=not self.uses_unsloth,
+        )
         return [(micro_batch, True) for micro_batch in rows]
 
     def _local_share(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
@@ -374,21 +447,23 @@ class Trainer:
         totals: StepTotals,
         trains: bool = True,
     ) -> None:
-        inputs = packed_inputs(rows, self.tokenizer.pad_token_id or 0)
+        device = self.device
+        inputs = packed_inputs(rows, self.tokenizer.pad_token_id or 0, device)
         micro_batch = [s for row in rows for s in row.sequences]
-        where, targets, mask, sampling = sequence_views(micro_batch, inputs.where)
-        seq_advantage = advantage[torch.tensor([s.trajectory for s in micro_batch])]  # (B,)
+        views: SequenceViews = sequence_views(micro_batch, inputs.where, device)
+        trajectories = torch.tensor([s.trajectory for s in micro_batch]).to(device, non_blocking=True)
+        seq_advantage = advantage[trajectories]  # (B,)
 
-        logprobs, entropy = token_logprobs(self.model, inputs, where, targets, mask, config.logprob_chunk)
+        logprobs, entropy = token_logprobs(self.model, inputs, views, config.logprob_chunk)
         reference = None
         if config.beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                reference, _ = token_logprobs(self.model, inputs, where, targets, mask, config.logprob_chunk)
+                reference, _ = token_logprobs(self.model, inputs, views, config.logprob_chunk)
         parts = policy_loss(
             config.loss,
             logprobs,
-            sampling,
-            mask,
+            views.sampling,
+            views.mask,
             seq_advantage,
             epsilon=config.effective_epsilon,
             epsilon_high=config.effective_epsilon_high,
@@ -397,13 +472,15 @@ class Trainer:
             mismatch_threshold=config.mismatch_threshold,
             beta=config.beta,
             reference_logprobs=reference,
+            live=views.live,
         )
         # The loss is a mean over the micro-batch; weight it by the micro-batch's share of the
         # whole batch's denominator so the accumulated gradient is the full batch's gradient.
-        weight = totals.share(mask, LOSSES[config.loss].aggregation) if trains else 0.0
+        aggregation = LOSSES[config.loss].aggregation
+        weight = totals.share(views.tokens, views.live.numel(), aggregation) if trains else 0.0
         (parts.loss * weight).backward()  # type: ignore[no-untyped-call]
         if trains:
-            totals.add(parts, weight, logprobs.detach(), sampling, mask, entropy)
+            totals.add(parts, weight, views.tokens, logprobs.detach(), views.sampling, views.mask, entropy)
 
 
 def check_groups(groups: Sequence[TrajectoryGroup]) -> None:

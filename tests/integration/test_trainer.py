@@ -168,9 +168,9 @@ def _logprobs_and_grads(
     inputs = packed_inputs(rows, 0)
     sequences = [s for row in rows for s in row.sequences]
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].tokens)
-    where, targets, mask, _ = sequence_views(sequences, inputs.where)
+    views = sequence_views(sequences, inputs.where)
     trainer.model.zero_grad()
-    logprobs, _ = token_logprobs(trainer.model, inputs, where, targets, mask, 512)
+    logprobs, _ = token_logprobs(trainer.model, inputs, views, 512)
     grads = {}
     if backward:
         logprobs.sum().backward()
@@ -301,9 +301,9 @@ async def test_async_steps_run_on_one_thread_and_hand_their_memory_back(
         threads.append(threading.get_ident())
         return step(*args)
 
-    def spied_release() -> None:
+    def spied_release(device: Any = None) -> None:
         trims.append((threading.get_ident(), resident_gib()[0]))
-        release()
+        release(device)
 
     trainer.train_step = spy  # type: ignore[method-assign]
     monkeypatch.setattr(trainer_module, "release_memory", spied_release)

@@ -188,3 +188,35 @@ def test_a_taken_port_the_caller_gave_or_that_stays_taken_fails_the_start(
     server.stop()
     launches = (tmp_path / "log").read_text().count("=== journeyman: ")
     assert launches == (1 if given else 1 + PORT_RELAUNCHES)
+
+
+@pytest.mark.parametrize("offline", [None, "0", "1"])
+def test_the_server_is_as_offline_as_its_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: str | None
+) -> None:
+    """A hub name resolves in vLLM where the caller may reach the hub (it was forced offline)."""
+    if offline is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    for device in ("cpu", "cuda"):
+        assert _server(tmp_path, device=device).environment().get("HF_HUB_OFFLINE") == offline
+
+
+def test_torchrun_s_variables_stay_out_of_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started by a trainer rank joins no process group of the trainer's."""
+    torchrun = {
+        "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "1", "ROLE_NAME": "default", "ROLE_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_ERROR_FILE": "/tmp/error.json", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }  # fmt: skip  # what torch's LocalElasticAgent sets for a worker
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the caller's own settings pass
+    for device in ("cpu", "cuda"):
+        env = _server(tmp_path, device=device).environment()
+        assert not set(torchrun) & set(env) and env["CUDA_VISIBLE_DEVICES"] == "1"
+    env = _server(tmp_path, device="cpu", env={"MASTER_PORT": "29600"}).environment()
+    assert env["MASTER_PORT"] == "29600"  # VLLMConfig.env still sets what it names

