@@ -3,13 +3,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup skypilot-env test test-slow test-unit test-integration test-faults check format bench demo clean
+.PHONY: setup skypilot-env gpu-check test test-slow test-unit test-integration test-faults check format bench demo clean
 
 setup:  ## main environment, vLLM and SkyPilot environments, embedded models (JOURNEYMAN_UNSLOTH=1: with Unsloth, CUDA only)
 	bash scripts/setup.sh
 
 skypilot-env:  ## only SkyPilot's own environment, for `sky launch deploy/skypilot/journeyman-serve.yaml` (setup builds it too)
 	bash scripts/skypilot-env.sh
+
+# The GPU check (scripts/gpu_check.py): the trainer part on any CUDA machine, the serving part where
+# `make setup` installed CUDA vLLM. No set-up first: a bare GPU machine runs it from carried wheels.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:  ## the GPU check: prints its tables (GPU_CHECK_ARGS=--cpu: the trainer part on the CPU, tiny)
+	$(GPU_PY) scripts/gpu_check.py run $(GPU_CHECK_ARGS)
 
 # `make test TIERS=` runs every tier in one session, the slow one last (as CI does); PYTEST_ARGS adds options.
 TIERS ?= not slow

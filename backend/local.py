@@ -197,6 +197,34 @@ class LocalBackend:
         if self._watchdog is None:  # a judge's server may have started first: its watchdog watches both
             self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
 
+    def _server_gpus(self) -> list[str] | None:
+        """With two GPUs or more and ``train_device="auto"``, the dedicated layout: the trainer
+        takes the last visible GPU and the vLLM servers (policy's and judges') the others, as
+        ``CUDA_VISIBLE_DEVICES`` entries; None where they share (one GPU, a named train device, or
+        servers that need every GPU)."""
+        if self.train_device != "auto" or not self.inference or not cuda_available():
+            return None
+        count = len(visible_gpu_memory())
+        config = self._vllm_config
+        per = config.tensor_parallel_size * config.data_parallel_size if config is not None else 1
+        if count < 2 or self.replicas * per > count - 1:
+            return None
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [entry.strip() for entry in listed.split(",")] if listed else [str(i) for i in range(count)]
+        return names[: count - 1]
+
+    def _trainer_device(self) -> str:
+        """The trainer's device: the last visible GPU in the dedicated layout, else ``train_device``."""
+        servers = self._server_gpus()
+        return f"cuda:{len(servers)}" if servers is not None else self.train_device
+
+    def _on_server_gpus(self, config: VLLMConfig) -> VLLMConfig:
+        """``config`` restricted to the servers' GPUs in the dedicated layout (unless it names its own)."""
+        servers = self._server_gpus()
+        if servers is None or "CUDA_VISIBLE_DEVICES" in config.env or not _on_cuda(config):
+            return config
+        return replace(config, env={**config.env, "CUDA_VISIBLE_DEVICES": ",".join(servers)})
+
     def _servers(self, config: VLLMConfig) -> InferenceServer:
         logs = self.root / "logs"
         if _on_cuda(config):
@@ -215,12 +243,13 @@ class LocalBackend:
                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): {fix}, or make more GPUs visible"
                 )
         if self.replicas == 1:
-            return self.engine(config, log_path=logs / "vllm.log")
+            return self.engine(self._on_server_gpus(config), log_path=logs / "vllm.log")
         servers = []
         for i in range(self.replicas):
             if cuda_available():
                 per = config.tensor_parallel_size * config.data_parallel_size
-                gpus = ",".join(str(g) for g in range(i * per, (i + 1) * per))
+                names = self._server_gpus() or [str(g) for g in range(self.replicas * per)]
+                gpus = ",".join(names[i * per : (i + 1) * per])
                 replica = replace(config, env={**config.env, "CUDA_VISIBLE_DEVICES": gpus})
             else:
                 replica = replace(config, cpu_cores=_share(self.vllm_cores, i, self.replicas))
@@ -264,9 +293,9 @@ class LocalBackend:
 
     def _trains_on_gpu(self) -> bool:
         """Whether this backend's trainer takes memory on the GPU its servers use: it trains here,
-        on its default device or CUDA (a ``train_device`` of ``cpu`` takes none)."""
-        device = str(getattr(self, "train_device", None) or "auto")
-        return self.inference and device.partition(":")[0] != "cpu"
+        on its default device or CUDA (a ``train_device`` of ``cpu`` takes none, nor a trainer on a
+        GPU of its own in the dedicated layout)."""
+        return self.inference and self.train_device != "cpu" and self._server_gpus() is None
 
     def _sleepers(self) -> list[VLLMServer]:
         """The policy's servers that sleep while the trainer steps (``sleep_mode`` on CUDA)."""
@@ -377,7 +406,7 @@ class LocalBackend:
 
             trainer = self.trainer_class(
                 base, model.store, lora=model.lora, threads=self.trainer_threads, deploy=deploy,
-                device=self.train_device,
+                device=self._trainer_device(),
             )  # fmt: skip
             await asyncio.to_thread(trainer.load)
             self._trainers[model.name] = trainer
@@ -433,7 +462,8 @@ class LocalBackend:
             )
             role = f"judge {name}"
             server = self.engine(
-                self._planned(config, role), log_path=self.root / "logs" / f"judge-{name}.log"
+                self._on_server_gpus(self._planned(config, role)),
+                log_path=self.root / "logs" / f"judge-{name}.log",
             )
             server.launch()
             try:

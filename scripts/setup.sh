@@ -38,7 +38,7 @@ if [[ $UNSLOTH == 1 ]]; then
         exit 1
     fi
     # Unsloth caps transformers and trl below the CPU pins: the set that resolves with every extra.
-    EXTRAS+=,unsloth; CONSTRAINTS=(-c requirements/constraints-cuda-unsloth.txt)
+    CONSTRAINTS=(-c requirements/constraints-cuda-unsloth.txt)
     CHECK+="; import importlib.util; assert importlib.util.find_spec('unsloth')"  # importing it needs the GPU
 fi
 
@@ -53,6 +53,9 @@ else
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     quiet_pip "$VENV/bin/python" -m pip install -q --upgrade pip
     quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" -e ".[$EXTRAS]"
+    if [[ $UNSLOTH == 1 ]]; then  # not an extra until `make gpu-check` has seen it train
+        quiet_pip "$VENV/bin/python" -m pip install -q "${CONSTRAINTS[@]}" unsloth unsloth-zoo
+    fi
     if [[ $UNSLOTH != 1 ]] && "$VENV/bin/python" -c "import importlib.util as u; assert u.find_spec('unsloth')" 2>/dev/null; then
         # Left from an earlier JOURNEYMAN_UNSLOTH=1 set-up: engine="auto" would still pick it.
         "$VENV/bin/python" -m pip uninstall -q -y unsloth unsloth_zoo

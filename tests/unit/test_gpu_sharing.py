@@ -225,3 +225,22 @@ def test_serve_and_demo_pass_the_gpu_options_on(monkeypatch: pytest.MonkeyPatch)
     assert configs[0].gpu_memory_utilization == 0.3 and configs[0].sleep_mode
     policy = demo.Demo(configs[0])._policy_vllm()
     assert policy is not None and policy.gpu_memory_utilization == 0.3
+
+
+def test_with_two_gpus_or_more_the_trainer_takes_one_and_the_servers_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _gpus(monkeypatch, 81559, 81559, 81559)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    backend = LocalBackend(root=tmp_path)
+    assert backend._trainer_device() == "cuda:2" and not backend._trains_on_gpu()
+    server = backend._servers(VLLMConfig(model=tmp_path))
+    assert isinstance(server, VLLMServer) and server.config.env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    replicas = LocalBackend(root=tmp_path, replicas=2)._servers(VLLMConfig(model=tmp_path))
+    assert isinstance(replicas, Replicas)
+    assert [s.config.env["CUDA_VISIBLE_DEVICES"] for s in replicas.servers] == ["4", "5"]
+    # servers that need every GPU, or a train device named by the user: they share
+    assert LocalBackend(root=tmp_path, replicas=3)._trainer_device() == "auto"
+    assert LocalBackend(root=tmp_path, train_device="cuda:0")._server_gpus() is None
+    _gpus(monkeypatch, 81559)
+    assert LocalBackend(root=tmp_path)._trainer_device() == "auto"
