@@ -170,3 +170,21 @@ def test_a_training_device_that_is_not_here_is_refused_with_what_is() -> None:
         Trainer("smollm2-135m", store, device="gpu0")
     with pytest.raises(ConfigError, match="trains on a CUDA GPU"):
         _ = Trainer("smollm2-135m", store, device="cpu", engine="unsloth").uses_unsloth
+
+
+def test_an_unsloth_trainer_packs_one_sequence_per_row_and_refuses_longer_rows_than_it_was_loaded_for(
+    resumable: tuple[str, Path], tokenizer: Any
+) -> None:
+    """Unsloth drops the tree-shaped mask while training and cuts rows past its max_seq_length:
+    its trainer never puts two sequences in a row, nor trains rows longer than it was loaded for."""
+    trainer = _on_meta(resumable, max_seq_length=1024)
+    config = TrainConfig(learning_rate=1e-3)
+    _, sequences, _ = trainer._prepare(_groups(tokenizer), config)
+    assert max(len(row.sequences) for mb, _ in trainer._micro_batches(sequences, config) for row in mb) > 1
+    trainer._unsloth = True  # as loaded by Unsloth (which needs a GPU)
+    rows = [row for mb, _ in trainer._micro_batches(sequences, config) for row in mb]
+    assert [len(row.sequences) for row in rows] == [1] * len(sequences)
+    with pytest.raises(
+        ConfigError, match="max_seq_len=4096, but Unsloth was loaded for rows of at most 1024"
+    ):
+        trainer._device_step(sequences, torch.zeros(8), config)

@@ -166,3 +166,13 @@ def test_pack_keeps_rows_apart_when_sharing_costs_more() -> None:
     assert [len(row.sequences) for mb in expensive for row in mb] == [1, 1, 1, 1]
     over_budget = pack(sequences, token_budget=8)
     assert all(len(row) <= 8 for mb in over_budget for row in mb)
+
+
+def test_pack_without_sharing_gives_each_sequence_a_row_of_its_own() -> None:
+    """For an engine that attends causally over a whole row (Unsloth drops the tree mask while
+    training): no sibling may sit in another's row, however cheap sharing would be."""
+    sequences = [_sequence([5, 6, 7, 8], [1, n]) for n in range(4)]
+    rows = [row for mb in pack(sequences, token_budget=100, share_prefix=False) for row in mb]
+    assert [len(row.sequences) for row in rows] == [1, 1, 1, 1]
+    assert sorted(row.sequences[0].tokens for row in rows) == sorted(s.tokens for s in sequences)
+    assert all(len(row) == len(row.sequences[0]) for row in rows)  # nothing left out, nothing shared
