@@ -44,7 +44,7 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise MissingDependencyError(error.name or "langgraph", "langgraph", "the demo") from error
 
-from ..serving.vllm_config import VLLMConfig
+from ..serving.vllm_config import VLLMConfig, cuda_available
 from .calculator import DEMO_RUBRICS, Scenario, build_agent, make_scenarios, rollout, worked_plan
 from .demo_config import DEFAULT_JUDGE_MODEL, DemoConfig
 from .demo_report import (
@@ -372,10 +372,16 @@ class Demo:
         return None if share is None else VLLMConfig(model="", gpu_memory_utilization=share)
 
     async def _start_servers(self, model: jm.TrainableModel, backend: LocalBackend) -> None:
-        """The policy's server and trainer, and a local judge's server of its own beside them (both
-        vLLM servers start at once: each start is mostly one core's work)."""
+        """The policy's server and trainer, and a local judge's server of its own beside them. On
+        CPU both vLLM servers start at once (each start is mostly one core's work); on a GPU one
+        after the other, the judge's last, since vLLM sizes its cache from the memory it sees free
+        while it starts, and another process allocating meanwhile would be counted as its own."""
         c = self.config
         own = c.judge == "ruler" and c.judge_base_url is None and not self.judge_is_policy_base
+        if own and cuda_available():
+            await model.register(backend)
+            await backend.start_judge(self.judge_model)
+            return
         judge = asyncio.create_task(backend.start_judge(self.judge_model)) if own else None
         try:
             await model.register(backend)

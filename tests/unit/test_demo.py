@@ -325,3 +325,34 @@ def test_a_resumed_run_restores_the_rollout_rows_its_killed_process_never_wrote(
     assert restored["step"] == 1 and restored["recovered"] == 1 and "elapsed_s" not in restored
     assert restored["rollouts/success"] == 0.5 and restored["rollouts/n"] == 4
     assert plot_demo(rows, tmp_path / "curve.png").exists()
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_a_judge_server_starts_beside_the_policy_on_cpu_and_after_it_on_a_gpu(
+    on_gpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM sizes its cache from the GPU memory it sees free while it starts: on a GPU the judge's
+    server starts once the policy's server and the trainer hold theirs; on CPU both start at once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from journeyman.backend.app import demo
+
+    monkeypatch.setattr(demo, "cuda_available", lambda: on_gpu)
+    events: list[str] = []
+
+    class Model:
+        async def register(self, backend: Any) -> None:
+            events.append("policy starts")
+            await asyncio.sleep(0.05)
+            events.append("policy ready")
+
+    class Backend:
+        async def start_judge(self, name: str) -> None:
+            events.append(f"judge {name} starts")
+
+    config = SimpleNamespace(judge="ruler", judge_base_url=None)
+    runner = SimpleNamespace(config=config, judge_is_policy_base=False, judge_model="qwen2.5-coder-1.5b")
+    asyncio.run(demo.Demo._start_servers(runner, Model(), Backend()))  # type: ignore[arg-type]
+    judge = events.index("judge qwen2.5-coder-1.5b starts")
+    assert (judge > events.index("policy ready")) is on_gpu
