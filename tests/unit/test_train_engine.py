@@ -53,3 +53,19 @@ def test_without_unsloth_auto_trains_with_transformers_and_asking_for_it_says_ho
     assert unsloth_chosen("auto", CUDA) is False
     with pytest.raises(ConfigError, match="needs Unsloth installed"):
         unsloth_chosen("unsloth", CUDA)
+
+
+def test_the_dtype_follows_the_device_that_trains_not_whether_cuda_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The audit's first finding: bf16 was chosen because CUDA had it while the CPU trained."""
+    from journeyman.backend.training import device as devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    assert devices.training_dtype("auto", torch.device("cpu")) == torch.float32
+    assert devices.training_dtype("auto", CUDA) == torch.bfloat16
+    assert devices.training_dtype("fp32", CUDA) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert devices.training_dtype("auto", CUDA) == torch.float32  # a GPU that only emulates bf16 (pre-Ampere)
