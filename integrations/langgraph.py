@@ -26,6 +26,7 @@ are logged and counted in :attr:`TrajectoryTracer.errors` (``raise_error=True`` 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,35 @@ def _guarded(method: F) -> F:
             self.failed(method.__name__, error)
 
     return cast(F, wrapper)
+
+
+class _RootEndOffTheLoop:
+    """``on_chain_end``/``on_chain_error``, whose end of a root run joins its calls to the gateway's
+    records (over HTTP from a gateway in another process). The tracer runs inline, so in an async
+    run LangChain calls it on the event loop's own thread: there this is a coroutine function,
+    which LangChain awaits, and a root run's end runs on a worker thread, leaving the loop free for
+    the other rollouts; elsewhere (a sync run, any other run's end) it is the plain method."""
+
+    def __init__(self, method: Callable[..., None]) -> None:
+        self.method = method
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, tracer: TrajectoryTracer | None, owner: type | None = None) -> Any:
+        if tracer is None:
+            return self
+        plain = functools.partial(self.method, tracer)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return plain
+
+        async def off_the_loop(*args: Any, run_id: UUID, **kwargs: Any) -> None:
+            if tracer.is_root(run_id):
+                await asyncio.to_thread(plain, *args, run_id=run_id, **kwargs)
+            else:
+                plain(*args, run_id=run_id, **kwargs)
+
+        return off_the_loop
 
 
 def _streamed_id(message_id: str | None) -> str | None:
@@ -146,6 +176,11 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
         self._root_of[run_id] = root
         return run
 
+    def is_root(self, run_id: UUID) -> bool:
+        """Whether ``run_id`` is a root run still being traced (its end finishes a trajectory)."""
+        with self._lock:
+            return run_id in self._active
+
     def _run(self, run_id: UUID) -> _Run | None:
         root = self._root_of.get(run_id)
         return self._active.get(root) if root is not None else None
@@ -190,10 +225,12 @@ class TrajectoryTracer(Tracer, BaseCallbackHandler):
         with self._lock:
             self._start(run_id, parent_run_id, metadata)
 
+    @_RootEndOffTheLoop
     @_guarded
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id)
 
+    @_RootEndOffTheLoop
     @_guarded
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id, error)

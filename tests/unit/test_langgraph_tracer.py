@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +128,33 @@ async def test_ainvoke_with_in_process_records(scripted: tuple[ScriptedModel, Ga
     trajectory = tracer.trajectory_for(run_id)
     _check_react(trajectory, gateway, 6, 7)
     assert trajectory.metadata["scenario"] == "s1" and trajectory.metadata["run_id"] == str(run_id)
+
+
+class _ThreadNoting:
+    """A record source that notes the threads it is read on."""
+
+    def __init__(self, records: RecordLog) -> None:
+        self.records, self.threads = records, set[int]()
+
+    def get(self, completion_id: str) -> Any:
+        self.threads.add(threading.get_ident())
+        return self.records.get(completion_id)
+
+
+async def test_an_async_run_reads_its_records_off_the_event_loop(
+    scripted: tuple[ScriptedModel, GatewayThread],
+) -> None:
+    """The tracer runs inline, on the loop's thread in an async run: a root run's end, which reads
+    the records (over HTTP from a remote gateway, a round trip), runs on a worker thread instead,
+    and the trajectory is complete when ``ainvoke`` returns. A sync run inside the loop works too."""
+    _, gateway = scripted
+    records = _ThreadNoting(gateway.gateway.records)
+    tracer = TrajectoryTracer(records, raise_error=True)
+    await _agent(gateway).ainvoke(_question(6, 7), config={"callbacks": [tracer]})
+    _check_react(tracer.trajectory, gateway, 6, 7)
+    assert records.threads and threading.get_ident() not in records.threads
+    _agent(gateway).invoke(_question(2, 3), config={"callbacks": [tracer]})  # sync, from inside the loop
+    _check_react(tracer.trajectory, gateway, 2, 3)
 
 
 def test_stream_and_astream(scripted: tuple[ScriptedModel, GatewayThread]) -> None:
