@@ -165,6 +165,10 @@ class ModelTurn(_Strict):
     """The ``id`` of the chat completion; joins captured calls to the gateway's records."""
     model: str | None = None
     """The name the server served the completion under, e.g. ``calc-agent@3`` (adapter version)."""
+    policy_version: int | None = None
+    """The training step of the policy that sampled it (from the gateway's record: also known when
+    the adapter is merged into the served weights, which are then served under the base model's
+    name); None for the base model or where unknown."""
     prompt_token_ids: list[int] | None = None
     """The exact prompt tokens the server rendered for this call."""
     completion_token_ids: list[int] | None = None

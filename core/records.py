@@ -118,6 +118,7 @@ class CompletionRecord(BaseModel):
             message=message,
             completion_id=self.completion_id,
             model=self.served_model,
+            policy_version=self.policy_version,
             prompt_token_ids=self.prompt_token_ids,
             completion_token_ids=choice.completion_token_ids,
             logprobs=choice.logprobs,

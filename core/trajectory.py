@@ -166,6 +166,13 @@ class Trajectory(History):
         return [main, *self.additional_histories]
 
     @property
+    def policy_versions(self) -> list[int]:
+        """The training steps of the policies whose samples it holds (every history's model turns),
+        in order; empty when only the base model, or no recorded version, answered."""
+        turns = [t for history in self.histories for t in history.model_turns]
+        return sorted({t.policy_version for t in turns if t.policy_version is not None})
+
+    @property
     def duration(self) -> float | None:
         """Seconds from start to :meth:`finish`, or None while unfinished."""
         if self.finished_at is None:

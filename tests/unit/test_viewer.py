@@ -255,3 +255,33 @@ def test_the_viewer_does_not_load_the_trainer() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_an_attempt_shows_the_policy_steps_that_sampled_it_and_only_its_own_tool_calls() -> None:
+    """Under merged serving every turn is served under the base model's name ("served base" for
+    every attempt, before): the record's policy version says which step answered. A worked example's
+    tool call in the prompt is not the attempt's own."""
+    worked = {"id": "w", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}
+    merged = turn(
+        [1, 2], [10, 11], {"role": "assistant", "content": None, "tool_calls": [worked | {"id": "c"}]}, "base"
+    )
+    merged.policy_version = 3
+    trajectory = jm.Trajectory(
+        conversation=[
+            {"role": "user", "content": "What is 1+1?"},
+            {"role": "assistant", "content": None, "tool_calls": [worked]},  # a worked example
+            {"role": "tool", "tool_call_id": "w", "content": "2"},
+            {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "What is 2+3?"},
+            merged,
+        ],
+        reward=1.0,
+    )
+    assert trajectory.policy_versions == [3]
+    (row,) = attempts.group_rows([jm.TrajectoryGroup([trajectory, attempt(0.0, "6")])])
+    card = next(c for c in row.attempts if c.id == trajectory.id)
+    assert card.versions == ["step 3"] and len(card.calls) == 1
+    views = attempts.conversation(trajectory.histories[0])
+    assert [v.version for v in views if v.version] == ["step 3"]
+    other = next(c for c in row.attempts if c.id != trajectory.id)
+    assert other.versions == ["m@1"] and len(other.calls) == 1  # no version recorded: the served name

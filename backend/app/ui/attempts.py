@@ -134,7 +134,8 @@ def conversation(history: History) -> list[MessageView]:
         view = MessageView(data["role"], content_text(getattr(message, "content", None)), calls)
         view.tool = data.get("name") or data.get("tool_call_id")
         if isinstance(item, ModelTurn):
-            view.version, view.finish_reason = item.model, item.finish_reason
+            version = f"step {item.policy_version}" if item.policy_version is not None else item.model
+            view.version, view.finish_reason = version, item.finish_reason
             view.tokens = len(item.completion_token_ids) if item.completion_token_ids is not None else None
         views.append(view)
     return views
@@ -202,16 +203,19 @@ def _lines(trajectory: Trajectory) -> list[str]:
 def _card(trajectory: Trajectory, top: float | None, failures: list[Failure]) -> AttemptCard:
     messages = trajectory.openai_messages()
     last = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
-    calls = [
+    own = [turn.message.model_dump(exclude_none=True) for turn in trajectory.model_turns]
+    calls = [  # the attempt's own calls: not those of worked examples in its prompt
         f"{call['function']['name']}({call['function'].get('arguments', '')})"
-        for m in messages
+        for m in own
         for call in m.get("tool_calls") or []
     ]
     final = ""
     if last is not None:
-        final = _text_of(last) or (calls[-1] if last.get("tool_calls") else "")
+        final = _text_of(last) or (calls[-1] if last.get("tool_calls") and calls else "")
     explanation = trajectory.metadata.get("judge_explanation")
-    versions = sorted({t.model for h in trajectory.histories for t in h.model_turns if t.model})
+    versions = [f"step {step}" for step in trajectory.policy_versions] or sorted(
+        {t.model for h in trajectory.histories for t in h.model_turns if t.model}
+    )
     return AttemptCard(
         id=trajectory.id,
         reward=trajectory.reward,
