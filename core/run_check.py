@@ -14,9 +14,10 @@ records beside it, and lists every broken promise:
 - no temporary file or folder is left visible (a half-written file keeps a hidden name);
 - the step the plain name serves has its checkpoint (while training promotes each step it
   finishes, that is the latest, even when the process died before recording the promotion);
-- ``on_policy``: each turn trained at step ``k`` was answered by version ``k`` (the served
-  version was the latest checkpoint when it was sampled), as in a run that samples and trains in
-  turn like the demo; a run that samples ahead of training has older turns by design.
+- ``max_off_policy=K``: each turn trained at step ``k`` was answered by version ``k - K`` or newer;
+  ``K = 0`` (``on_policy``) is a run that samples and trains in turn, like the demo: the served
+  version was the latest checkpoint when each turn was sampled. A run whose rollouts overlap
+  training samples up to ``K`` versions behind by design.
 
 Hidden leftovers of a write that was killed (``.0003.*.tmp``) are counted, not faults: readers
 never see them.
@@ -49,6 +50,8 @@ class RunCheck:
     hidden_leftovers: int = 0
     stale_turns: int = 0
     """Trained turns sampled from an older version than the step that trained them."""
+    most_off_policy: int = 0
+    """The most versions a trained turn was behind its step (0: every turn on-policy)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -56,9 +59,20 @@ class RunCheck:
         return not self.problems
 
 
-def check_run(run_dir: Path, records: Path | None = None, *, on_policy: bool = False) -> RunCheck:
+def check_run(
+    run_dir: Path,
+    records: Path | None = None,
+    *,
+    on_policy: bool = False,
+    max_off_policy: int | None = None,
+) -> RunCheck:
     """Check the run in ``run_dir`` (``ROOT/PROJECT/NAME``) and the gateway's records (default:
-    ``ROOT/gateway/completions.jsonl`` when it exists); ``on_policy``: a stale turn is a problem."""
+    ``ROOT/gateway/completions.jsonl`` when it exists); ``max_off_policy=K``: a trained turn more
+    than ``K`` versions behind its step is a problem (``on_policy`` is ``K = 0``)."""
+    if on_policy:
+        max_off_policy = 0 if max_off_policy is None else min(max_off_policy, 0)
+    if max_off_policy is not None and max_off_policy < 0:
+        raise InvalidDataError(f"max_off_policy must be 0 or more, got {max_off_policy}")
     store = ModelStore.from_path(run_dir)
     if not store.path.is_dir():
         raise InvalidDataError(f"{run_dir} is not a run folder (ROOT/PROJECT/NAME)")
@@ -86,9 +100,10 @@ def check_run(run_dir: Path, records: Path | None = None, *, on_policy: bool = F
     records = records if records is not None else store.root / "gateway" / "completions.jsonl"
     if records.is_file():
         _check_records(records, trained, check)
-    if on_policy and check.stale_turns:
+    if max_off_policy is not None and check.most_off_policy > max_off_policy:
         check.problems.append(
-            f"{check.stale_turns} trained turns were answered by an older version than their step's"
+            f"{check.stale_turns} trained turns were answered by an older version than their step's, "
+            f"up to {check.most_off_policy} versions behind (at most {max_off_policy} allowed)"
         )
     for path in store.path.rglob("*"):
         hidden = any(part.startswith(".") for part in path.relative_to(store.path).parts)
@@ -156,6 +171,7 @@ def _check_records(records: Path, trained: dict[str, int], check: RunCheck) -> N
             version = record.get("policy_version")
             if step is not None and version is not None and version != step:
                 check.stale_turns += 1
+                check.most_off_policy = max(check.most_off_policy, step - version)
     check.records = sum(ids.values())
     twice = [cid for cid, n in ids.items() if n > 1]
     if twice:

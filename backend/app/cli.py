@@ -413,15 +413,24 @@ def check(
             "like the demo); without it such turns are counted, not faults.",
         ),
     ] = False,
+    max_off_policy: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Each step trained only on turns at most K versions older than its own (a run whose "
+            "rollouts overlap training by K steps); --on-policy is K = 0.",
+        ),
+    ] = None,
 ) -> None:
     """Check a run's files after an interruption: checkpoints, history, trajectories, records."""
     from journeyman.run_check import check_run
 
-    result = check_run(run_dir, records, on_policy=on_policy)
+    result = check_run(run_dir, records, on_policy=on_policy, max_off_policy=max_off_policy)
     typer.echo(
         f"{result.run_dir}: latest checkpoint {result.latest_step}, {result.trained_steps} steps in the history, "
         f"{result.trained_groups} groups trained, {result.records} records, "
-        f"{result.stale_turns} trained turns answered by an older version than their step's, "
+        f"{result.stale_turns} trained turns answered by an older version than their step's "
+        f"(at most {result.most_off_policy} behind), "
         f"{result.hidden_leftovers} hidden leftovers of killed writes"
     )
     if result.unfinished_step is not None:

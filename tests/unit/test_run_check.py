@@ -109,7 +109,38 @@ def test_turns_answered_by_an_older_version_are_counted_and_fail_an_on_policy_ch
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert check_run(store.path).ok and check_run(store.path).stale_turns == 1
     strict = check_run(store.path, on_policy=True)
-    assert strict.problems == ["1 trained turns were answered by an older version than their step's"]
+    assert strict.problems == [
+        "1 trained turns were answered by an older version than their step's, up to 1 versions behind "
+        "(at most 0 allowed)"
+    ]
+    assert (
+        check_run(store.path, max_off_policy=1).ok
+        and check_run(store.path, max_off_policy=1).most_off_policy == 1
+    )
+
+
+def test_a_run_that_overlaps_by_k_steps_may_train_turns_up_to_k_versions_old(tmp_path: Path) -> None:
+    store = _run(tmp_path, steps=4)
+    path = tmp_path / "gateway" / "completions.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:  # each step trained on what the version two steps before it sampled
+        record["policy_version"] = max(0, record["policy_version"] - 2)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert check_run(store.path, max_off_policy=2).ok
+    behind = check_run(store.path, max_off_policy=1)
+    assert behind.most_off_policy == 2 and behind.stale_turns == 6
+    assert behind.problems == [
+        "6 trained turns were answered by an older version than their step's, up to 2 versions behind "
+        "(at most 1 allowed)"
+    ]
+    from typer.testing import CliRunner
+
+    from journeyman.backend.app.cli import app
+
+    allowed = CliRunner().invoke(app, ["check", str(store.path), "--max-off-policy", "2"])
+    assert allowed.exit_code == 0 and "(at most 2 behind)" in allowed.output
+    assert CliRunner().invoke(app, ["check", str(store.path), "--max-off-policy", "1"]).exit_code == 1
+    assert CliRunner().invoke(app, ["check", str(store.path), "--on-policy"]).exit_code == 1
 
 
 def test_the_served_step_needs_its_checkpoint(tmp_path: Path) -> None:
