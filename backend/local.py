@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -197,14 +198,19 @@ class LocalBackend:
         if self._watchdog is None:  # a judge's server may have started first: its watchdog watches both
             self._watchdog = asyncio.create_task(self._watch(), name="journeyman-vllm-watchdog")
 
+    @functools.cached_property
+    def _visible_gpus(self) -> list[int]:
+        """Each visible GPU's memory in bytes (:func:`visible_gpu_memory`), read once."""
+        return visible_gpu_memory()
+
     def _server_gpus(self) -> list[str] | None:
         """With two GPUs or more and ``train_device="auto"``, the dedicated layout: the trainer
         takes the last visible GPU and the vLLM servers (policy's and judges') the others, as
         ``CUDA_VISIBLE_DEVICES`` entries; None where they share (one GPU, a named train device, or
         servers that need every GPU)."""
-        if self.train_device != "auto" or not self.inference or not cuda_available():
+        if self.train_device != "auto" or not self.inference:
             return None
-        count = len(visible_gpu_memory())
+        count = len(self._visible_gpus)
         config = self._vllm_config
         per = config.tensor_parallel_size * config.data_parallel_size if config is not None else 1
         if count < 2 or self.replicas * per > count - 1:
@@ -229,7 +235,7 @@ class LocalBackend:
         logs = self.root / "logs"
         if _on_cuda(config):
             per = config.tensor_parallel_size * config.data_parallel_size
-            visible = len(visible_gpu_memory())
+            visible = len(self._visible_gpus)
             if visible and self.replicas * per > visible:  # none read (MIG, no nvidia-smi): vLLM says
                 fix = (
                     f"set replicas (journeyman serve --replicas) to {visible // per} or fewer"
@@ -264,7 +270,7 @@ class LocalBackend:
         ``config`` as it is."""
         if not _on_cuda(config):
             return config
-        gpus, shape = visible_gpu_memory(), model_shape(config.model)
+        gpus, shape = self._visible_gpus, model_shape(config.model)
         if not gpus or shape is None:
             logger.warning(
                 "no GPU memory plan for %s (%s); its vLLM server takes gpu_memory_utilization=%s",

@@ -43,7 +43,6 @@ WHEELS = (
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "httpx", "httpcore",
     "h11", "anyio", "sniffio", "certifi", "idna", "pytest", "pluggy", "iniconfig", "packaging", "safetensors",
 )  # fmt: skip
-TOKENIZERS = {"smollm2": "smollm2-135m", "qwen": "qwen2.5-coder-0.5b"}
 
 
 def prepare(python_version: str) -> None:
@@ -52,12 +51,11 @@ def prepare(python_version: str) -> None:
 
     from journeyman.backend.models import prepare_model
 
-    for name, alias in TOKENIZERS.items():
-        folder, target = prepare_model(alias), BUILD / "tokenizers" / name
-        target.mkdir(parents=True, exist_ok=True)
-        for file in folder.iterdir():
-            if file.name.startswith("tokenizer") or file.name == "chat_template.jinja":
-                shutil.copy(file, target / file.name)
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu.checks import TOKENIZER_SOURCES, copy_tokenizer
+
+    for name, alias in TOKENIZER_SOURCES.items():
+        copy_tokenizer(prepare_model(alias), BUILD / "tokenizers" / name)
     wheels = BUILD / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     pins = [f"{name}=={version(name)}" for name in WHEELS]
@@ -72,7 +70,7 @@ def prepare(python_version: str) -> None:
     )
     size = sum(f.stat().st_size for f in BUILD.rglob("*") if f.is_file() and "site" not in f.parts)
     print(
-        f"prepared {BUILD} ({size / 2**20:.1f} MiB): {len(list(wheels.iterdir()))} wheels, tokenizers {list(TOKENIZERS)}"
+        f"prepared {BUILD} ({size / 2**20:.1f} MiB): {len(list(wheels.iterdir()))} wheels, tokenizers {list(TOKENIZER_SOURCES)}"
     )
 
 

@@ -78,6 +78,32 @@ def model_list(
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
+# The GPU options `serve` and `demo` share
+GpuShare = Annotated[
+    float | None,
+    typer.Option(
+        min=0.01,
+        max=1.0,
+        help="CUDA: the share of the GPU the policy's vLLM server takes (default: planned from the models' "
+        "sizes, beside a judge's server and the trainer).",
+    ),
+]
+SleepMode = Annotated[
+    bool,
+    typer.Option(
+        "--sleep-mode/--no-sleep-mode",
+        help="CUDA: the policy's vLLM server sleeps while the trainer steps, leaving it the memory "
+        "(requests wait meanwhile).",
+    ),
+]
+TrainDevice = Annotated[
+    str,
+    typer.Option(
+        help="Where the trainer trains: auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N."
+    ),
+]
+
+
 @app.command("serve")
 def serve(
     host: Annotated[
@@ -98,30 +124,9 @@ def serve(
     ] = None,
     tensor_parallel: Annotated[int, typer.Option(help="vLLM --tensor-parallel-size (GPUs per replica).")] = 1,
     data_parallel: Annotated[int, typer.Option(help="vLLM --data-parallel-size (engine copies).")] = 1,
-    gpu_memory_utilization: Annotated[
-        float | None,
-        typer.Option(
-            min=0.01,
-            max=1.0,
-            help="CUDA: the share of the GPU the policy's vLLM server takes (default: planned from the "
-            "models' sizes, beside a judge's server and the trainer).",
-        ),
-    ] = None,
-    sleep_mode: Annotated[
-        bool,
-        typer.Option(
-            "--sleep-mode/--no-sleep-mode",
-            help="CUDA: the policy's vLLM server sleeps while the trainer steps, leaving it the memory "
-            "(requests wait meanwhile).",
-        ),
-    ] = False,
-    train_device: Annotated[
-        str,
-        typer.Option(
-            help="Where the trainer trains: auto (the GPU when torch sees one, else the CPU), cpu, cuda or "
-            "cuda:N."
-        ),
-    ] = "auto",
+    gpu_memory_utilization: GpuShare = None,
+    sleep_mode: SleepMode = False,
+    train_device: TrainDevice = "auto",
     merge_adapters: Annotated[
         bool,
         typer.Option(
@@ -317,30 +322,9 @@ def demo(
             "request samples the same tokens and logprobs in any batch, however its prompt is split."
         ),
     ] = "auto",
-    gpu_memory_utilization: Annotated[
-        float | None,
-        typer.Option(
-            min=0.01,
-            max=1.0,
-            help="CUDA: the share of the GPU the policy's vLLM server takes (default: planned from the "
-            "models' sizes, beside the judge's server and the trainer).",
-        ),
-    ] = None,
-    sleep_mode: Annotated[
-        bool,
-        typer.Option(
-            "--sleep-mode/--no-sleep-mode",
-            help="CUDA: the policy's vLLM server sleeps while the trainer steps, leaving it the memory "
-            "(requests wait meanwhile).",
-        ),
-    ] = False,
-    train_device: Annotated[
-        str,
-        typer.Option(
-            help="Where the trainer trains: auto (the GPU when torch sees one, else the CPU), cpu, cuda or "
-            "cuda:N."
-        ),
-    ] = "auto",
+    gpu_memory_utilization: GpuShare = None,
+    sleep_mode: SleepMode = False,
+    train_device: TrainDevice = "auto",
     name: Annotated[str | None, typer.Option(help="Model name (default: a fresh calc-<time>).")] = None,
     model: Annotated[
         str,

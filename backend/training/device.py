@@ -9,14 +9,12 @@ bf16 on a GPU that has it and on a CPU with bf16 instructions, fp32 elsewhere.
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 import torch
 
 from journeyman.errors import ConfigError
 
 __all__ = [
-    "TrainDevice",
     "bf16_supported",
     "describe",
     "parse_train_device",
@@ -24,9 +22,6 @@ __all__ = [
     "synchronize",
     "training_dtype",
 ]
-
-TrainDevice = Literal["auto", "cpu", "cuda"] | str
-"""``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
 
 _CUDA = re.compile(r"cuda(?::(\d+))?")
 

@@ -239,13 +239,7 @@ class DataParallelTrainer(Trainer):
         self.step, learning_rate, tensors = state[0]
         if self.rank != 0:
             self.optimizer = None
-            if tensors:
-                optimizer = self._optimizer(TrainConfig(learning_rate=learning_rate or 1e-5))
-                for name, parameter in self._trainable():
-                    if name in tensors:
-                        optimizer.state[parameter] = {
-                            k: v.to(parameter.device) if v.dim() else v for k, v in tensors[name].items()
-                        }
+            self._set_optimizer_state(tensors, learning_rate)
 
     def _save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
         tensors = self._checkpoint_tensors()  # under FSDP a collective: every rank gathers

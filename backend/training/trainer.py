@@ -266,12 +266,18 @@ class Trainer:
         return write_checkpoint(self.store, step, save, adapter, optimizer, state)
 
     def _load_optimizer(self, folder: Path) -> None:
-        tensors, learning_rate = read_optimizer(folder)
+        self._set_optimizer_state(*read_optimizer(folder))
+
+    def _set_optimizer_state(
+        self, tensors: dict[str, dict[str, torch.Tensor]], learning_rate: float | None
+    ) -> None:
+        """AdamW's state by parameter name (a checkpoint's, or rank 0's), each value put onto its
+        parameter's device; AdamW keeps its step count on the CPU. Nothing to set: no optimizer yet."""
         if not tensors:
             return
         optimizer = self._optimizer(TrainConfig(learning_rate=learning_rate or 1e-5))
         for name, parameter in self._trainable():
-            if name in tensors:  # onto the parameter's device; AdamW keeps its step count on the CPU
+            if name in tensors:
                 optimizer.state[parameter] = {
                     key: value.to(parameter.device) if value.dim() else value
                     for key, value in tensors[name].items()

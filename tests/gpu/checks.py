@@ -9,14 +9,11 @@ functions run with a tiny shape (``tests/integration/test_gpu_check.py``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -27,6 +24,7 @@ from journeyman.backend.training.device import synchronize
 from journeyman.backend.training.logprobs import packed_inputs, sequence_views, token_logprobs
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
+from tests.trl_stand_in import GRPOStandIn
 
 SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # name: (architecture, tokenizer, config); the published shapes
@@ -54,6 +52,17 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }  # fmt: skip
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+TOKENIZER_SOURCES = {"smollm2": "smollm2-135m", "qwen": "qwen2.5-coder-0.5b"}
+"""The shapes' tokenizers by name, and the embedded model each is taken from."""
+
+
+def copy_tokenizer(source: Path, target: Path) -> None:
+    """A tokenizer's files (those of :data:`TOKENIZER_FILES` that ``source`` has) into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, target / name)
+
 
 BF16_PEAK = {  # dense bf16 tensor-core FLOP/s by the GPU's name (NVIDIA's data sheets)
     "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12,
@@ -84,9 +93,7 @@ def build_model(shape: str, folder: Path, tokenizers: Path, device: torch.device
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder)
     del model
-    for name in TOKENIZER_FILES:
-        if (tokenizers / tokenizer / name).exists():
-            shutil.copy(tokenizers / tokenizer / name, folder / name)
+    copy_tokenizer(tokenizers / tokenizer, folder)
     return folder
 
 
@@ -218,22 +225,6 @@ def differences(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
 # TRL's training step on the same batch ------------------------------------------------------------
 
 
-class _OneProcess:
-    num_processes = 1
-    is_main_process = True
-    sync_gradients = True
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return tensor
-
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        yield
-
-
 def trl_step(trainer: Trainer, groups: list[jm.TrajectoryGroup], config: TrainConfig) -> float:
     """TRL's GRPO training step on the same groups, model and optimizer settings: its forward
     (``_get_per_token_logps_and_entropies`` through its fused, chunked output layer, over left-
@@ -273,14 +264,9 @@ def trl_step(trainer: Trainer, groups: list[jm.TrajectoryGroup], config: TrainCo
         "old_per_token_logps": None,
     }
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
-    stand_in = SimpleNamespace(
-        loss_type="dapo", importance_sampling_level="token", epsilon_low=config.effective_epsilon,
-        epsilon_high=config.effective_epsilon_high, beta=0.0, max_completion_length=completion_width,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        model=SimpleNamespace(training=True), accelerator=_OneProcess(), current_gradient_accumulation_steps=1,
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
-        vllm_importance_sampling_correction=False, aux_loss_enabled=False, _entropy_bonus_enabled=False,
-        _metrics={"train": __import__("collections").defaultdict(list)}, model_accepts_loss_kwargs=False,
+    stand_in = GRPOStandIn(
+        "dapo", epsilon=config.effective_epsilon, epsilon_high=config.effective_epsilon_high, beta=0.0,
+        max_completion_length=completion_width,
     )  # fmt: skip
     stand_in._get_per_token_logps_and_entropies = GRPOTrainer._get_per_token_logps_and_entropies.__get__(
         stand_in

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.checks import build_model
+from tests.gpu.checks import TOKENIZER_SOURCES, build_model, copy_tokenizer
 
 ROOT = Path(__file__).parents[2]
 OUT = Path(os.environ.get("JOURNEYMAN_GPU_CHECK_OUT", ROOT / "build" / "gpu-check"))
@@ -50,14 +50,11 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from journeyman.backend.models import prepared_folder
 
     folder = tmp_path_factory.mktemp("tokenizers")
-    for name, alias in (("smollm2", "smollm2-135m"), ("qwen", "qwen2.5-coder-0.5b")):
+    for name, alias in TOKENIZER_SOURCES.items():
         prepared = prepared_folder(alias)
         if prepared is None:
             pytest.skip(f"no tokenizer files: run `python scripts/gpu_check.py prepare` (or prepare {alias})")
-        (folder / name).mkdir(parents=True, exist_ok=True)
-        for file in prepared.iterdir():
-            if file.name.startswith("tokenizer") or file.name == "chat_template.jinja":
-                (folder / name / file.name).write_bytes(file.read_bytes())
+        copy_tokenizer(prepared, folder / name)
     return folder
 
 

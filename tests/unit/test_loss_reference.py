@@ -20,8 +20,6 @@ test says how and checks the difference:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,40 +28,22 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from journeyman.backend.training import loss as L
+from tests.trl_stand_in import GRPOStandIn
 
 TOLERANCE = 1e-6
 
 
-class _OneProcess:
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return tensor
-
-
-class TRL:
+class TRL(GRPOStandIn):
     """Just enough of a ``GRPOTrainer`` for its ``_compute_loss``: the "model" returns ``logprobs``."""
 
     def __init__(
         self, loss_type: str, *, level: str = "token", epsilon: float, epsilon_high: float, beta: float,
         max_completion_length: int,
     ) -> None:  # fmt: skip
-        self.loss_type, self.importance_sampling_level = loss_type, level
-        self.epsilon_low, self.epsilon_high, self.beta = epsilon, epsilon_high, beta
-        self.max_completion_length = max_completion_length
-        self.args = SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1)
-        self.model = SimpleNamespace(training=True)
-        self.accelerator = _OneProcess()
-        self.current_gradient_accumulation_steps = 1
-        self.top_entropy_quantile = 1.0
-        self.off_policy_mask_threshold = None
-        self.use_vllm = self.vllm_importance_sampling_correction = False
-        self.aux_loss_enabled = self._entropy_bonus_enabled = False
-        self._metrics: dict[str, Any] = defaultdict(lambda: defaultdict(list))
+        super().__init__(
+            loss_type, level=level, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
+            max_completion_length=max_completion_length,
+        )  # fmt: skip
         self._logprobs: torch.Tensor | None = None
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
