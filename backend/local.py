@@ -26,7 +26,7 @@ from typing import Any
 from journeyman.config import TrainConfig
 from journeyman.errors import BackendError, ConfigError
 from journeyman.judge import Judge
-from journeyman.model import Registration, TrainableModel, TrainResult
+from journeyman.model import Registration, ServingState, TrainableModel, TrainResult
 from journeyman.store import ModelStore, check_writable, default_root
 from journeyman.trajectory import TrajectoryGroup
 
@@ -79,6 +79,7 @@ class LocalBackend:
         dtype: str | None = None,
         sleep_mode: bool = False,
         train_device: str = "auto",
+        viewer: Callable[[Path], GatewayThread] | None = None,
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {replicas}")
@@ -153,6 +154,12 @@ class LocalBackend:
         self._memory_parts: dict[str, ServerSpec] = {}
         self._asleep = False
         self._sleep_times: dict[str, float] = {}
+        self.viewer = viewer
+        """Starts the run viewer over :attr:`root` on a thread and port of its own (the application's
+        ``journeyman.backend.app.ui.app.start_viewer``, which this library module may not import):
+        started by the first :meth:`register`, stopped by :meth:`close`; :meth:`viewer_url` says
+        where a model's run is. None serves no viewer."""
+        self._viewer: GatewayThread | None = None
 
     async def __aenter__(self) -> LocalBackend:
         return self
@@ -358,6 +365,16 @@ class LocalBackend:
         dead = any(server.exit_code() is not None for server in self.judge_servers.values())
         return dead or bool(self.restarting_judges)
 
+    async def serving_state(self) -> ServingState:
+        """The watchdog's restarts of the policy's and the judges' servers so far, and whether
+        either is down now."""
+        return ServingState(
+            policy_restarts=self.restarts,
+            judge_restarts=self.judge_restarts,
+            policy_down=self.policy_down(),
+            judge_down=self.judge_down(),
+        )
+
     async def wait_serving(self, timeout: float = 900.0, *, judges: bool = False) -> None:
         """Until the watchdog has the policy's server answering again, with its adapters loaded
         (``judges``: the judges' servers instead)."""
@@ -391,6 +408,8 @@ class LocalBackend:
         for folder in (self.root, model.store.path):  # fail now, not after vLLM started
             await asyncio.to_thread(check_writable, folder)
         base = await asyncio.to_thread(base_folder, model.base_model)  # a hub name fails or downloads now
+        if self.viewer is not None and self._viewer is None:
+            self._viewer = await asyncio.to_thread(self.viewer, self.root)
         if self.inference:
             await self._serve(base)
         router = self.router
@@ -500,6 +519,13 @@ class LocalBackend:
             api_key=model.inference_api_key,
             **self._cached(judge),
         )
+
+    def viewer_url(self, model: TrainableModel) -> str | None:
+        """Where this backend's viewer (``viewer``) shows ``model``'s run; None without a viewer,
+        before the first :meth:`register`, or for a model whose runs live under another root."""
+        if self._viewer is None or model.store.root.resolve() != self.root.resolve():
+            return None
+        return f"{self._viewer.base_url}/runs/{model.project}/{model.name}"
 
     def _cached(self, judge: dict[str, Any]) -> dict[str, Any]:
         """``judge``'s arguments, its answers cached under this backend's root by default (not the
@@ -618,6 +644,9 @@ class LocalBackend:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.stop)
             self.gateway = None
+        if self._viewer is not None:
+            await asyncio.to_thread(self._viewer.stop)
+            self._viewer = None
         if self.gateway_app is not None and not self.gateway_thread:
             await self.gateway_app.aclose()
         self.gateway_app = None

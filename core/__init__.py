@@ -26,6 +26,7 @@ from journeyman.errors import (
 from journeyman.gate import Gate, GateDecision, promote_canary_if_better, promote_if_better
 from journeyman.gather import gather_trajectory_groups, retry
 from journeyman.judge import Judge
+from journeyman.loop import EvalSet, JudgeReward, TrainingLoop, rollout_info
 from journeyman.messages import (
     AnyMessage,
     AssistantMessage,
@@ -89,6 +90,7 @@ __all__ = [
     "CompletionRecord",
     "ConfigError",
     "DatasetBatch",
+    "EvalSet",
     "ExportError",
     "Failure",
     "FunctionCall",
@@ -102,6 +104,7 @@ __all__ = [
     "JourneymanError",
     "Judge",
     "JudgeError",
+    "JudgeReward",
     "Judgement",
     "LoRAConfig",
     "Message",
@@ -124,6 +127,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainableModel",
+    "TrainingLoop",
     "Trajectory",
     "TrajectoryGroup",
     "UserMessage",
@@ -139,6 +143,7 @@ __all__ = [
     "read_scenarios",
     "replay",
     "retry",
+    "rollout_info",
     "ruler",
     "ruler_score_group",
     "scenarios_from_trajectories",

@@ -31,7 +31,7 @@ from journeyman.trajectory import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
 
-__all__ = ["Backend", "Model", "Registration", "TrainResult", "TrainableModel"]
+__all__ = ["Backend", "Model", "Registration", "ServingState", "TrainResult", "TrainableModel"]
 
 
 @dataclass
@@ -48,6 +48,20 @@ class Registration:
 class TrainResult:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What a training loop needs to know of a backend's servers to recover from their deaths."""
+
+    policy_restarts: int = 0
+    """How many times the policy's inference server was restarted after it died."""
+    judge_restarts: int = 0
+    """How many times a judge's server that the backend started was restarted."""
+    policy_down: bool = False
+    """The policy's server is dead or being restarted: its requests fail meanwhile."""
+    judge_down: bool = False
+    """A judge's server is dead or being restarted."""
 
 
 class Backend(Protocol):
@@ -82,6 +96,19 @@ class Backend(Protocol):
     async def list_checkpoints(self, model: TrainableModel) -> list[int]: ...
 
     async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]: ...
+
+    async def serving_state(self) -> ServingState:
+        """Restarts of the servers so far and whether they are down now (a loop samples a step
+        again, or judges its groups again, when a server died under them)."""
+        ...
+
+    async def wait_serving(self, timeout: float = 900.0, *, judges: bool = False) -> None:
+        """Until the policy's server (``judges``: the judges' servers) answers again."""
+        ...
+
+    def viewer_url(self, model: TrainableModel) -> str | None:
+        """Where the run viewer shows ``model``'s run, when this backend serves a viewer."""
+        ...
 
 
 class Model(BaseModel):

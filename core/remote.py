@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +18,16 @@ import httpx
 
 from journeyman.config import TrainConfig
 from journeyman.errors import BackendError, ConfigError
-from journeyman.model import Registration, TrainResult
+from journeyman.model import Registration, ServingState, TrainResult
 from journeyman.trajectory import TrajectoryGroup
 
 if TYPE_CHECKING:
     from journeyman.model import TrainableModel
 
 __all__ = ["RemoteBackend"]
+
+POLL_SECONDS = 0.5
+"""How often :meth:`RemoteBackend.wait_serving` asks the server whether its servers are back."""
 
 
 class RemoteBackend:
@@ -129,6 +134,49 @@ class RemoteBackend:
             "DELETE", f"/api/models/{model.project}/{model.name}/checkpoints", params=params
         )
         return [int(step) for step in answer["deleted"]]
+
+    async def serving_state(self) -> ServingState:
+        """The server's restarts of its vLLM servers and whether they are down now; a server too
+        old to say (no ``/api/serving``) reports nothing down and no restarts."""
+        try:
+            response = await self._http.get("/api/serving", timeout=httpx.Timeout(30.0, connect=10.0))
+        except httpx.HTTPError as error:
+            raise BackendError(f"could not reach journeyman serve at {self.url}: {error!r}") from error
+        if response.status_code == 404:  # _raise_for would make this a ConfigError
+            return ServingState()
+        _raise_for(response)
+        answer = response.json()
+        return ServingState(
+            policy_restarts=int(answer["policy_restarts"]),
+            judge_restarts=int(answer["judge_restarts"]),
+            policy_down=bool(answer["policy_down"]),
+            judge_down=bool(answer["judge_down"]),
+        )
+
+    async def wait_serving(self, timeout: float = 900.0, *, judges: bool = False) -> None:
+        """Until the server's policy server (``judges``: its judges' servers) answers again; a
+        server that cannot be reached meanwhile (restarting, or a proxy in front answering 5xx)
+        counts as down. A BackendError once ``timeout`` seconds have passed."""
+        what = "judges'" if judges else "policy's"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state = await self.serving_state()
+                down, why = (state.judge_down if judges else state.policy_down), "still down"
+            except BackendError as error:
+                down, why = True, str(error)
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"the {what} server of journeyman serve at {self.url} was not back within {timeout:g} s "
+                    f"({why}); see the server's log"
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    def viewer_url(self, model: TrainableModel) -> str | None:
+        """The page of ``model``'s run in the server's viewer (``/ui``; a browser signs in with the token)."""
+        return f"{self.url}/ui/runs/{model.project}/{model.name}"
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -303,6 +303,12 @@ def demo(
     zero_shot_eval: Annotated[
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
+    max_steps_off_policy: Annotated[
+        int,
+        typer.Option(
+            help="Sample up to this many later steps while a step trains (0: sample, then train, in turn)."
+        ),
+    ] = 0,
     seed: Annotated[int, typer.Option(help="Seed for the questions, each rollout's sampling, training.")] = 0,
     sampling_seed: Annotated[
         int | None, typer.Option(help="Seed for the rollouts' sampling alone (default: --seed).")
@@ -376,7 +382,7 @@ def demo(
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
         seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share, serving_dtype=serving_dtype, gpu_memory_utilization=gpu_memory_utilization,
-        sleep_mode=sleep_mode, train_device=train_device,
+        sleep_mode=sleep_mode, train_device=train_device, max_steps_off_policy=max_steps_off_policy,
     )  # fmt: skip
     run_demo(config)
 

@@ -112,6 +112,8 @@ class DemoConfig:
     see the system prompt and tools only (zero-shot). None: 1 for SmolLM2, which calls no tool
     without them; 0.5 for other models: Qwen2.5 calls tools zero-shot but never answers after the
     result there, and can learn that from the groups with examples (the module's docstring)."""
+    max_steps_off_policy: int = 0
+    """Sample up to this many later steps while a step trains (``TrainingLoop.max_steps_off_policy``)."""
     zero_shot_eval: bool = True
     """Also evaluate with no worked examples in the prompt, sampled and greedily (the prompt that
     is not trained on, when training uses worked examples)."""
@@ -129,6 +131,7 @@ class DemoConfig:
              "scenarios_per_step, val_scenarios, val_samples, max_tokens and rank must be >= 1"),
             (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
             (self.temperature >= 0 and self.learning_rate > 0, "temperature must be >= 0 and learning_rate > 0"),
+            (self.max_steps_off_policy >= 0, f"max_steps_off_policy must be >= 0, got {self.max_steps_off_policy}"),
             (self.loss in get_args(LossType), f"unknown loss {self.loss!r}: {', '.join(get_args(LossType))}"),
             (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),
             (self.reward_weight >= 0, "reward_weight must be >= 0"),

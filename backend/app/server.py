@@ -12,9 +12,12 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     GET    /api/models/{project}/{name}/checkpoints      the steps with a complete checkpoint
     DELETE /api/models/{project}/{name}/checkpoints      ?best_metric=val/reward
     PUT    /api/deployments/{name}/{step}                ?base_model=...; a tar of an adapter (serving/adapters.py)
+    GET    /api/serving                                  {policy_restarts, judge_restarts, policy_down,
+                                                         judge_down}: the vLLM servers' restarts and state
     /v1/..., /r/{rollout_id}/v1/..., /records/...        the capture gateway
     /ui/...                                              the viewer (journeyman.backend.app.ui): a browser
-                                                         signs in once through its token form
+                                                         signs in once through its token form; a run's
+                                                         page is /ui/runs/{project}/{name}
 
 Binding beyond loopback without a token is refused. Tokens are compared in constant time and
 never forwarded to vLLM or logged. Names are validated (no path traversal) and request bodies
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -198,6 +202,7 @@ class _Api:
             Route("/api/models/{project}/{name}/promoted", self.promoted, methods=["GET"]),
             Route("/api/models/{project}/{name}/promoted", _json_body(self.promote), methods=["POST"]),
             deployment_route(self.backend),  # adapters pushed by a trainer on another machine
+            Route("/api/serving", self.serving, methods=["GET"]),
         ]
 
     def model_of(self, request: Request) -> TrainableModel:
@@ -216,6 +221,10 @@ class _Api:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def serving(self, request: Request) -> Response:
+        """The servers' restarts and whether they are down (a client's loop samples or judges again)."""
+        return JSONResponse(dataclasses.asdict(await self.backend.serving_state()))
 
     async def register(self, request: Request, body: dict[str, Any]) -> Response:
         for key in ("name", "project", "base_model"):

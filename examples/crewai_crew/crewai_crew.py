@@ -120,22 +120,33 @@ def make_crew(model: jm.TrainableModel, question: str, args: argparse.Namespace)
 
 
 def run_crew(model: jm.TrainableModel, scenario: dict[str, Any], args: argparse.Namespace) -> jm.Trajectory:
-    """One crew run as a trajectory. A crew that raises raises here: the gather records it."""
+    """One crew run as a trajectory. A crew that raises raises here: the loop records it."""
     crew = make_crew(model, scenario["question"], args)
     with CrewTracer(crew=crew) as tracer:
         output = crew.kickoff()
     trajectory = tracer.trajectory
     trajectory.metadata["scenario_id"] = scenario["id"]
     trajectory.metadata["final_output"] = str(output)
-    # Not the reward (RULER's score is): kept as `programmatic_reward` to compare with the judge.
-    trajectory.reward = float(str(scenario["answer"]) in str(output))
     trajectory.metrics["tracer_errors"] = tracer.errors
     return trajectory
 
 
+async def rollout(
+    model: jm.TrainableModel, scenario: dict[str, Any], args: argparse.Namespace
+) -> jm.Trajectory:
+    return await asyncio.to_thread(run_crew, model, scenario, args)  # CrewAI's kickoff blocks
+
+
+def right_number(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> float:
+    """Not the reward (RULER's score is): kept as ``programmatic_reward`` to compare with the judge,
+    and mixed in with ``--reward-weight``."""
+    return float(str(scenario["answer"]) in str(trajectory.metadata["final_output"]))
+
+
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups of each step, a line per step.
-    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    """Train; returns what a test checks: the model, the loop's result and the report of each step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end). Run again,
+    it goes on after the last checkpoint."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
@@ -145,44 +156,25 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     judge = await backend.judge(
         model, args.judge_model, explanation_max_chars=100, timeout=300, cache_dir=args.root / "judge_cache"
     )
-    score = functools.partial(
-        jm.ruler_score_group, judge=judge, rubric=RUBRIC, reward_weight=args.reward_weight,
-        method=args.judge_method,
-    )  # fmt: skip
-
-    async def rollout(scenario: dict[str, Any]) -> jm.Trajectory:
-        return await asyncio.to_thread(run_crew, model, scenario, args)
-
-    items = questions(args.questions * args.steps, args.seed)
-    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
+    steps: list[Any] = []
     async with judge:
-        for batch in jm.iterate_dataset(items, per_step=args.questions, initial_step=await model.get_step()):
-            groups = await jm.gather_trajectory_groups(
-                (
-                    jm.TrajectoryGroup(
-                        (rollout(s) for _ in range(args.group_size)), metadata={"scenario_id": s["id"]}
-                    )
-                    for s in batch.items
-                ),
-                max_exceptions=args.max_failures,
-                after_each=score,
-                description=f"step {batch.step}",
-            )
-            result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
-            trajectories = [t for g in groups for t in g]
-            rewards = [r for g in groups for r in g.rewards]
-            line = {
-                "step": result.step,
-                "ruler_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-                "correct": sum(t.metrics.get("programmatic_reward") == 1.0 for t in trajectories),
-                "tool_calls": sum(int(t.metrics.get("tool_calls", 0)) for t in trajectories),
-                "judge_failures": sum(f.stage == "judge" for g in groups for f in g.failures),
-                "failures": sum(len(g.failures) for g in groups),
-            }
-            print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
-            summary["groups"].append(groups)
-            summary["lines"].append(line)
-    return summary
+        result = await jm.TrainingLoop(
+            model,
+            functools.partial(rollout, args=args),
+            questions(args.questions * args.steps, args.seed),
+            reward=right_number,
+            judge=jm.JudgeReward(
+                judge, rubric=RUBRIC, method=args.judge_method, reward_weight=args.reward_weight
+            ),
+            group_size=args.group_size,
+            scenarios_per_step=args.questions,
+            steps=args.steps,
+            config=jm.TrainConfig(learning_rate=args.learning_rate),
+            max_exceptions=args.max_failures,
+            seed=args.seed,
+            on_step_end=steps.append,
+        ).run()
+    return {"model": model, "result": result, "steps": steps}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import random
 import re
 import sqlite3
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,8 +296,10 @@ def grade(scenario: dict[str, Any], answer: str | None, listed: set[str], read: 
     return 0.2 if email_id in read else 0.1 if email_id in listed else 0.0
 
 
-def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> None:
-    """What the agent did (after the worked examples), read back from the captured conversation."""
+def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> jm.Trajectory:
+    """What the agent did (after the worked examples), read back from the captured conversation;
+    ``success``: the right answer, by the known answer (a judge's score, when there is one, becomes
+    the reward)."""
     own = trajectory.messages[len(FEW_SHOT) :]
     calls = [c for m in own if m.role == "assistant" for c in (m.tool_calls or [])]
     read = {
@@ -309,12 +309,14 @@ def add_episode_metrics(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> 
     }
     trajectory.metrics.update(
         {
+            "success": trajectory.reward == 1.0,
             "agent_tool_calls": len(calls),
             "tool_errors": sum(m.role == "tool" and str(m.content).startswith(TOOL_ERROR) for m in own),
             "read_right_email": str(scenario["email_id"]) in read,
             "answered": any(c.function.name == "answer" for c in calls),
         }
     )
+    return trajectory
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -349,39 +351,26 @@ CRITERIA = [
 goal was achieved; an attempt's score is the product of their P(yes)."""
 
 
-def success(trajectory: jm.Trajectory) -> bool:
-    """The right answer, by the known answer (a judge's score, when there is one, is the reward)."""
-    return float(trajectory.metrics.get("programmatic_reward", trajectory.reward or 0.0)) == 1.0
+@dataclass(frozen=True)
+class TaskJudge(jm.JudgeReward):
+    """:class:`jm.JudgeReward` with the yes/no ``criteria`` of :func:`jm.ruler_score_group`
+    (``--judge-criteria task``), which JudgeReward does not take."""
 
+    criteria: list[str] | None = None
 
-async def evaluate(
-    agent: Any, model: jm.TrainableModel, questions: list[dict[str, Any]], args: argparse.Namespace
-) -> dict[str, float]:
-    """Held-out success at the training temperature, ``--val-samples`` runs a question, by the known answers."""
-    groups = await jm.gather_trajectory_groups(
-        (agent.group(q, n=args.val_samples) for q in questions),
-        max_exceptions=args.max_failures,
-        description=f"eval step {await model.get_step()}",
-    )
-    by_id = {q["id"]: q for q in questions}
-    trajectories = [t for g in groups for t in g]
-    for trajectory in trajectories:
-        add_episode_metrics(trajectory, by_id[str(trajectory.metadata["scenario_id"])])
-    n = max(len(trajectories), 1)
-    row = {
-        "success": sum(success(t) for t in trajectories) / n,
-        "read_right_email": sum(bool(t.metrics["read_right_email"]) for t in trajectories) / n,
-        "answered": sum(bool(t.metrics["answered"]) for t in trajectories) / n,
-        "failures": float(sum(len(g.failures) for g in groups)),
-    }
-    await model.log(groups, split="val", metrics={f"val/{k}": v for k, v in row.items()})
-    return row
+    async def score(self, group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
+        return await jm.ruler_score_group(
+            group, judge=self.judge, rubric=self.rubric, judge_weight=self.judge_weight,
+            reward_weight=self.reward_weight, method=self.method, reward_from=self.reward_from,
+            criteria=self.criteria,
+        )  # fmt: skip
 
 
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     """Evaluate on the held-out questions, train, evaluate again; returns what a test checks: the
-    model, the groups of each step, a line per step, the evaluations before and after.
-    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    model, the questions, the loop's result (its evaluations) and the report of each step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end). Run again,
+    it goes on after the last checkpoint."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
@@ -398,18 +387,20 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     inbox = Inbox(args.root / "inbox.sqlite")
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
     await model.register(backend)
-    agent = make_agent(model, inbox, args)
-    after_each = None
+    search_agent = make_agent(model, inbox, args)
+
+    async def rollout(model: jm.TrainableModel, question: dict[str, Any]) -> jm.Trajectory:
+        return add_episode_metrics(await search_agent(question), question)  # its reward: what it returned
+
+    judge: TaskJudge | None = None
     if args.judge == "ruler":
         # The base model, answered by the policy's own server, unless --judge-model names another.
-        judge = await backend.judge(model, args.judge_model, explanation_max_chars=100, timeout=300)
-        after_each = functools.partial(
-            jm.ruler_score_group, judge=judge, judge_weight=args.judge_weight, reward_weight=args.reward_weight,
-            method=args.judge_method, rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,
+        judge = TaskJudge(
+            await backend.judge(model, args.judge_model, explanation_max_chars=100, timeout=300),
+            judge_weight=args.judge_weight, reward_weight=args.reward_weight, method=args.judge_method,
+            rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,
             reward_from=args.judge_reward, criteria=CRITERIA if args.judge_criteria == "task" else None,
         )  # fmt: skip
-    summary: dict[str, Any] = {"model": model, "inbox": emails, "questions": train, "val_questions": val,
-                               "groups": [], "lines": [], "before": None, "after": None}  # fmt: skip
     judge_server = args.judge == "ruler" and args.judge_model not in (None, args.base_model)
     checkpointing = args.gradient_checkpointing
     if checkpointing is None:  # as the demo: on but for the 135M model with no judge server beside it
@@ -419,53 +410,29 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
         scale_rewards=args.scale_rewards,
         gradient_checkpointing=checkpointing,
     )
+    steps: list[Any] = []
     try:
-        if val:
-            summary["before"] = await evaluate(agent, model, val, args)
-            print("before:", "  ".join(f"{k} {v:.3f}" for k, v in summary["before"].items()))
-        started = time.monotonic()
-        for batch in jm.iterate_dataset(
-            train, per_step=args.questions, epochs=max(args.steps, 1), initial_step=await model.get_step()
-        ):
-            minutes = (time.monotonic() - started) / 60
-            if batch.step >= args.steps or (
-                args.max_train_minutes is not None and minutes >= args.max_train_minutes
-            ):
-                break  # --steps counts from step 0, resumed runs too
-            groups = await jm.gather_trajectory_groups(
-                (agent.group(q, n=args.group_size) for q in batch.items),
-                max_exceptions=args.max_failures,
-                after_each=after_each,
-                description=f"step {batch.step}",
-            )
-            by_id = {q["id"]: q for q in batch.items}
-            for group in groups:
-                for trajectory in group:
-                    add_episode_metrics(trajectory, by_id[str(trajectory.metadata["scenario_id"])])
-            result = await model.train(groups, config)
-            trajectories = [t for g in groups for t in g]
-            rewards = [r for g in groups for r in g.rewards]
-            line = {
-                "step": result.step,
-                "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-                "success": sum(success(t) for t in trajectories) / max(len(trajectories), 1),
-                "answered": sum(bool(t.metrics["answered"]) for t in trajectories),
-                "read_right_email": sum(bool(t.metrics["read_right_email"]) for t in trajectories),
-                "tool_errors": sum(int(t.metrics["tool_errors"]) for t in trajectories),
-                "failures": sum(len(g.failures) for g in groups),
-                "judge_seconds": sum(float(g.metrics.get("judge/seconds", 0.0)) for g in groups),
-                "minutes": (time.monotonic() - started) / 60,
-            }
-            print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
-            summary["groups"].append(groups)
-            summary["lines"].append(line)
-        summary["train_minutes"] = (time.monotonic() - started) / 60
-        if val:
-            summary["after"] = await evaluate(agent, model, val, args)
-            print("after: ", "  ".join(f"{k} {v:.3f}" for k, v in summary["after"].items()))
+        result = await jm.TrainingLoop(
+            model,
+            rollout,
+            train,
+            judge=judge,
+            group_size=args.group_size,
+            scenarios_per_step=args.questions,
+            steps=args.steps,
+            max_minutes=args.max_train_minutes,
+            config=config,
+            # Held-out success at the training temperature, by the known answers (never judged).
+            evals=[jm.EvalSet("val", val, samples=args.val_samples)] if val else [],
+            best_metric="val/success",
+            max_exceptions=args.max_failures,
+            seed=args.seed,
+            on_step_end=steps.append,
+        ).run()
     finally:
         inbox.close()
-    return summary
+    return {"model": model, "inbox": emails, "questions": train, "val_questions": val,
+            "result": result, "steps": steps}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

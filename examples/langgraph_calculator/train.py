@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import statistics
 from typing import Any
 
 import httpx
@@ -31,6 +30,10 @@ from journeyman.integrations.langgraph import TrajectoryTracer
 #    tool, four worked examples in its prompt, arithmetic questions, reward 1 for the right number.
 
 
+def reward(trajectory: jm.Trajectory, scenario: Scenario) -> float:
+    return score(trajectory, scenario).reward or 0.0  # also sets the metrics: success, tool calls...
+
+
 # 2. The one journeyman line: the tracer captures every model call token-exact. ----------------
 
 
@@ -39,21 +42,21 @@ async def rollout(agent, scenario: Scenario) -> jm.Trajectory:  # type: ignore[n
     config = {"callbacks": [tracer], "recursion_limit": 6}
     with contextlib.suppress(GraphRecursionError):  # it kept calling tools: scored as a wrong answer
         await agent.ainvoke({"messages": [HumanMessage(scenario.question)]}, config=config)
-    return score(tracer.trajectory, scenario)
+    return tracer.trajectory
 
 
-# 3. The training loop. -------------------------------------------------------------------------
+# 3. The training loop: held-out success before and after, GRPO steps, resume on a second run. -
 
 
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups and a line of each step, the held-out
-    success before and after. ``backend``: a LocalBackend to share (default: one of its own)."""
+    """Train; returns what a test checks: the model, the loop's result (its evaluations) and the
+    report of each step. ``backend``: a LocalBackend to share (default: one of its own)."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model="smollm2-135m", root=args.root)
     await model.register(backend)
-    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
+    steps: list[Any] = []
     async with httpx.AsyncClient(timeout=600) as http:
         llm = ChatOpenAI(
             model=model.inference_name,  # the plain name follows the newest adapter
@@ -65,37 +68,23 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
             http_async_client=http,
         )
         agent = build_agent(llm)
-        train, val = make_scenarios(args.train, seed=0), make_scenarios(args.val, seed=1)
-
-        async def evaluate() -> float:
-            groups = await jm.gather_trajectory_groups(
-                (jm.TrajectoryGroup(rollout(agent, s) for _ in range(args.val_samples)) for s in val),
-                description="eval",
-            )
-            await model.log(groups, split="val")
-            return statistics.fmean(t.reward or 0.0 for g in groups for t in g)
-
-        summary["before"] = await evaluate()
-        for batch in jm.iterate_dataset(
-            train, per_step=args.scenarios_per_step, initial_step=await model.get_step()
-        ):
-            if batch.step >= args.steps:
-                break
-            groups = await jm.gather_trajectory_groups(
-                (jm.TrajectoryGroup(rollout(agent, s) for _ in range(args.group_size)) for s in batch.items),
-                max_exceptions=0.1,
-                description=f"step {batch.step + 1}",
-            )
-            result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate, loss="dapo"))
-            print(f"step {result.step}: reward {result.metrics.get('reward/mean', 0):.2f}")
-            summary["groups"].append(groups)
-            summary["lines"].append({"step": result.step, "failures": sum(len(g.failures) for g in groups)})
-        summary["after"] = await evaluate()
+        result = await jm.TrainingLoop(
+            model,
+            lambda _model, scenario: rollout(agent, scenario),  # the agent calls the served model
+            make_scenarios(args.train, seed=0),
+            reward=reward,
+            group_size=args.group_size,
+            scenarios_per_step=args.scenarios_per_step,
+            steps=args.steps,
+            config=jm.TrainConfig(learning_rate=args.learning_rate, loss="dapo"),
+            evals=[jm.EvalSet("val", make_scenarios(args.val, seed=1), samples=args.val_samples)],
+            on_step_end=steps.append,
+        ).run()
+    before, after = (rows["val"].get("val/success", 0.0) for rows in (result.before, result.after))
     print(
-        f"held-out success: {summary['before']:.0%} -> {summary['after']:.0%}; "
-        f"trajectories and checkpoints in {model.store.path}"
+        f"held-out success: {before:.0%} -> {after:.0%}; trajectories and checkpoints in {model.store.path}"
     )
-    return summary
+    return {"model": model, "result": result, "steps": steps}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

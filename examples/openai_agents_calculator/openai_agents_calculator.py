@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 from pathlib import Path
@@ -84,8 +85,28 @@ def make_agent(model: jm.TrainableModel, args: argparse.Namespace) -> Agent[Any]
     )
 
 
-def reward(trajectory: jm.Trajectory, scenario: dict[str, Any], output: str) -> float:
-    if str(scenario["answer"]) in output:
+async def rollout(
+    model: jm.TrainableModel, scenario: dict[str, Any], args: argparse.Namespace
+) -> jm.Trajectory:
+    """One run as a trajectory; an error of the run's own (not a turn limit) is recorded by the loop."""
+    output = ""
+    # Responses calls do not name their endpoint in the SDK's traces: the tracer is told the gateway.
+    with AgentsTracer(model.inference_base_url) as tracer:
+        try:
+            result = await Runner.run(make_agent(model, args), scenario["question"], max_turns=args.max_turns)
+            output = str(result.final_output)
+        except MaxTurnsExceeded:  # the 135M can keep calling tools: no answer, reward 0
+            pass
+    trajectory = tracer.trajectory
+    trajectory.metadata["scenario_id"] = scenario["id"]
+    trajectory.metadata["final_output"] = output
+    trajectory.metrics["tracer_errors"] = tracer.errors
+    return trajectory
+
+
+def reward(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> float:
+    """1 for the right number in the final answer, 0.1 for a Calculator call with the question's numbers."""
+    if str(scenario["answer"]) in str(trajectory.metadata["final_output"]):
         return 1.0
     for message in trajectory.additional_histories[0].messages if trajectory.additional_histories else []:
         for call in getattr(message, "tool_calls", None) or []:
@@ -98,63 +119,30 @@ def reward(trajectory: jm.Trajectory, scenario: dict[str, Any], output: str) -> 
     return 0.0
 
 
-async def rollout(
-    model: jm.TrainableModel, scenario: dict[str, Any], args: argparse.Namespace
-) -> jm.Trajectory:
-    """One run as a trajectory; an error of the run's own (not a turn limit) is recorded by the gather."""
-    output = ""
-    # Responses calls do not name their endpoint in the SDK's traces: the tracer is told the gateway.
-    with AgentsTracer(model.inference_base_url) as tracer:
-        try:
-            result = await Runner.run(make_agent(model, args), scenario["question"], max_turns=args.max_turns)
-            output = str(result.final_output)
-        except MaxTurnsExceeded:  # the 135M can keep calling tools: no answer, reward 0
-            pass
-    trajectory = tracer.trajectory
-    trajectory.metadata["scenario_id"] = scenario["id"]
-    trajectory.metadata["final_output"] = output
-    trajectory.reward = reward(trajectory, scenario, output)
-    trajectory.metrics["tracer_errors"] = tracer.errors
-    return trajectory
-
-
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups of each step, a line per step.
-    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    """Train; returns what a test checks: the model, the loop's result and the report of each step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end). Run again,
+    it goes on after the last checkpoint."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
     await model.register(backend)
-    items = questions(args.questions * args.steps, args.seed)
-    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
-    for batch in jm.iterate_dataset(items, per_step=args.questions, initial_step=await model.get_step()):
-        groups = await jm.gather_trajectory_groups(
-            (
-                jm.TrajectoryGroup(
-                    (rollout(model, s, args) for _ in range(args.group_size)),
-                    metadata={"scenario_id": s["id"]},
-                )
-                for s in batch.items
-            ),
-            max_exceptions=args.max_failures,
-            description=f"step {batch.step}",
-        )
-        result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
-        trajectories = [t for g in groups for t in g]
-        rewards = [r for g in groups for r in g.rewards]
-        line = {
-            "step": result.step,
-            "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-            "correct": sum(t.reward == 1.0 for t in trajectories),
-            "handoffs": sum(int(t.metrics.get("handoffs", 0)) for t in trajectories),
-            "tool_calls": sum(int(t.metrics.get("tool_calls", 0)) for t in trajectories),
-            "failures": sum(len(g.failures) for g in groups),
-        }
-        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
-        summary["groups"].append(groups)
-        summary["lines"].append(line)
-    return summary
+    steps: list[Any] = []
+    result = await jm.TrainingLoop(
+        model,
+        functools.partial(rollout, args=args),
+        questions(args.questions * args.steps, args.seed),
+        reward=reward,
+        group_size=args.group_size,
+        scenarios_per_step=args.questions,
+        steps=args.steps,
+        config=jm.TrainConfig(learning_rate=args.learning_rate),
+        max_exceptions=args.max_failures,
+        seed=args.seed,
+        on_step_end=steps.append,
+    ).run()
+    return {"model": model, "result": result, "steps": steps}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def make_agent(model: jm.TrainableModel, args: argparse.Namespace) -> Agent[None
 async def rollout(
     model: jm.TrainableModel, scenario: dict[str, Any], args: argparse.Namespace
 ) -> jm.Trajectory:
-    """One run as a trajectory; an error of the run's own (not a limit) is recorded by the gather."""
+    """One run as a trajectory; an error of the run's own (not a limit) is recorded by the loop."""
     output: int | None = None
     with PydanticAITracer() as tracer:
         try:
@@ -75,48 +76,41 @@ async def rollout(
     trajectory = tracer.trajectory
     trajectory.metadata["scenario_id"] = scenario["id"]
     trajectory.metadata["final_output"] = output
-    trajectory.reward = 0.0 if output is None else 1.0 if output == scenario["answer"] else 0.1
+    trajectory.metrics["answered"] = output is not None
     trajectory.metrics["tracer_errors"] = tracer.errors
     return trajectory
 
 
+def reward(trajectory: jm.Trajectory, scenario: dict[str, Any]) -> float:
+    """1 for the right number, 0.1 for an ``int`` that is wrong, 0 for no answer."""
+    output = trajectory.metadata["final_output"]
+    return 0.0 if output is None else 1.0 if output == scenario["answer"] else 0.1
+
+
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups of each step, a line per step.
-    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    """Train; returns what a test checks: the model, the loop's result and the report of each step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end). Run again,
+    it goes on after the last checkpoint."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
     await model.register(backend)
-    items = questions(args.questions * args.steps, args.seed)
-    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
-    for batch in jm.iterate_dataset(items, per_step=args.questions, initial_step=await model.get_step()):
-        groups = await jm.gather_trajectory_groups(
-            (
-                jm.TrajectoryGroup(
-                    (rollout(model, s, args) for _ in range(args.group_size)),
-                    metadata={"scenario_id": s["id"]},
-                )
-                for s in batch.items
-            ),
-            max_exceptions=args.max_failures,
-            description=f"step {batch.step}",
-        )
-        result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
-        trajectories = [t for g in groups for t in g]
-        rewards = [r for g in groups for r in g.rewards]
-        line = {
-            "step": result.step,
-            "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-            "correct": sum(t.reward == 1.0 for t in trajectories),
-            "answered": sum(t.metadata["final_output"] is not None for t in trajectories),
-            "tool_calls": sum(int(t.metrics.get("tool_calls", 0)) for t in trajectories),
-            "failures": sum(len(g.failures) for g in groups),
-        }
-        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
-        summary["groups"].append(groups)
-        summary["lines"].append(line)
-    return summary
+    steps: list[Any] = []
+    result = await jm.TrainingLoop(
+        model,
+        functools.partial(rollout, args=args),
+        questions(args.questions * args.steps, args.seed),
+        reward=reward,
+        group_size=args.group_size,
+        scenarios_per_step=args.questions,
+        steps=args.steps,
+        config=jm.TrainConfig(learning_rate=args.learning_rate),
+        max_exceptions=args.max_failures,
+        seed=args.seed,
+        on_step_end=steps.append,
+    ).run()
+    return {"model": model, "result": result, "steps": steps}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

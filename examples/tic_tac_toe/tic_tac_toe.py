@@ -111,7 +111,7 @@ def make_agent(model: jm.Model, args: argparse.Namespace) -> Any:
     return play
 
 
-def add_game_metrics(trajectory: jm.Trajectory) -> None:
+def add_game_metrics(trajectory: jm.Trajectory) -> jm.Trajectory:
     """Outcome and illegal moves, read back from the captured game (a forfeit's last illegal
     move got no answer)."""
     outcome = {reward: name for name, reward in REWARDS.items()}[trajectory.reward]  # type: ignore[index]
@@ -120,42 +120,37 @@ def add_game_metrics(trajectory: jm.Trajectory) -> None:
     trajectory.metrics["illegal_moves"] = told + (outcome == "forfeit")
     for name in REWARDS:
         trajectory.metrics[name] = outcome == name
+    return trajectory
 
 
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
-    """Train; returns what a test checks: the model, the groups of each step, a line per step.
-    ``backend``: a LocalBackend to share (default: one of its own, closed at the end)."""
+    """Train; returns what a test checks: the model, the loop's result and the report of each step.
+    ``backend``: a LocalBackend to share (default: one of its own, closed at the end). Run again,
+    it goes on after the last checkpoint."""
     if backend is None:
         async with LocalBackend(root=args.root) as own:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model=args.base_model, root=args.root)
     await model.register(backend)
-    agent = make_agent(model, args)
-    games = scenarios(args.games, args.seed)
-    summary: dict[str, Any] = {"model": model, "groups": [], "lines": []}
-    # --steps counts from step 0, so a run resumed from a checkpoint stops at the same step.
-    for step in range(await model.get_step(), args.steps):
-        groups = await jm.gather_trajectory_groups(
-            (agent.group(game, n=args.group_size) for game in games),
-            max_exceptions=args.max_failures,
-            description=f"step {step}",
-        )
-        for trajectory in (t for g in groups for t in g):
-            add_game_metrics(trajectory)
-        result = await model.train(groups, jm.TrainConfig(learning_rate=args.learning_rate))
-        trajectories = [t for g in groups for t in g]
-        outcomes = [t.metadata["outcome"] for t in trajectories]
-        line = {
-            "step": result.step,
-            "reward": sum(r for g in groups for r in g.rewards) / max(1, len(trajectories)),
-            **{name: outcomes.count(name) for name in REWARDS},
-            "illegal_moves": sum(int(t.metrics["illegal_moves"]) for t in trajectories),
-            "failures": sum(len(g.failures) for g in groups),
-        }
-        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in line.items()))
-        summary["groups"].append(groups)
-        summary["lines"].append(line)
-    return summary
+    play = make_agent(model, args)
+
+    async def rollout(model: jm.TrainableModel, game: dict[str, Any]) -> jm.Trajectory:
+        return add_game_metrics(await play(game))  # the game's reward is what `play` returned
+
+    steps: list[Any] = []
+    result = await jm.TrainingLoop(
+        model,
+        rollout,
+        scenarios(args.games, args.seed),
+        group_size=args.group_size,
+        scenarios_per_step=args.games,  # every game, every step
+        steps=args.steps,
+        config=jm.TrainConfig(learning_rate=args.learning_rate),
+        max_exceptions=args.max_failures,
+        seed=args.seed,
+        on_step_end=steps.append,
+    ).run()
+    return {"model": model, "result": result, "steps": steps}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

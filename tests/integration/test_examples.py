@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
+import statistics
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,8 @@ async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any
 async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> None:
     """One step trained from the groups, checkpointed, and its adapter is what the name serves now."""
     model: jm.TrainableModel = summary["model"]
-    assert [line["step"] for line in summary["lines"]] == [1]
+    [report] = summary["steps"]  # the loop's on_step_end report of each step
+    assert report.step == 1 and summary["result"].step == 1
     assert await model.get_step() == 1 and await model.list_checkpoints() == [0, 1]
     assert backend.router.resolve(model.name) == (f"{model.name}@1", 1)
     response = await model.openai_client().chat.completions.create(
@@ -43,16 +46,20 @@ async def check_trained_and_served(backend: Any, summary: dict[str, Any]) -> Non
     record = backend.records.get(response.id)
     assert record is not None and record.served_model == f"{model.name}@1" and record.policy_version == 1
     history = [row for row in model.store.read_history() if row["split"] != "val"]  # evaluations aside
-    assert [(row["step"], row["split"]) for row in history] == [(1, "train")]
-    groups = summary["groups"][0]
+    assert [(row["step"], row["split"]) for row in history] == [(1, "train"), (0, "rollouts")]
+    train, rollouts = history
+    assert {k: v for k, v in rollouts.items() if k != "time"} == report.row  # the row the loop reported
+    groups = report.groups
     trained = [r for g in groups for r in g.rewards]
-    if trained:  # the trainer saw the same rewards the example reports
-        assert history[0]["reward/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+    if trained:  # the trainer saw the same rewards the loop reports
+        assert train["reward/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+        assert rollouts["rollouts/reward"] == pytest.approx(train["reward/mean"], abs=1e-6)
     else:  # no rollout was scored (each failed, or its judging did): the step had no reward to report
-        assert "reward/mean" not in history[0]
+        assert "reward/mean" not in train and "rollouts/reward" not in rollouts
     # A gradient step happens exactly when some group's rewards differ (else the adapter is kept).
-    assert ("train/loss" in history[0]) is any(len(set(g.rewards)) > 1 for g in groups)
-    assert summary["lines"][0]["failures"] == sum(len(g.failures) for g in groups)
+    assert ("train/loss" in train) is any(len(set(g.rewards)) > 1 for g in groups)
+    assert rollouts["rollouts/failures"] == sum(len(g.failures) for g in groups)
+    assert rollouts["rollouts/trajectories"] == sum(len(g) for g in groups)
 
 
 def check_sampled_by_base(trajectory: jm.Trajectory) -> None:
@@ -74,9 +81,13 @@ async def test_langgraph_calculator_example_trains_one_step(
     summary = await example.main(args, backend)
     await check_trained_and_served(backend, summary)
     printed = capsys.readouterr().out
-    assert "step 1: reward" in printed and "held-out success:" in printed
+    assert re.search(r"step +1 +reward", printed) and "held-out success:" in printed
     assert summary["model"].store.steps("val") == [0, 1]
-    groups = summary["groups"][0]
+    result = summary["result"]
+    assert sorted(result.evaluations) == [0, 1]
+    for evaluation in (result.before["val"], result.after["val"]):  # every held-out rollout, counted
+        assert evaluation["val/trajectories"] + evaluation["val/failures"] == args.val * args.val_samples
+    groups = summary["steps"][0].groups
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     first = next(iter(jm.iterate_dataset(make_scenarios(args.train, seed=0), per_step=2))).items
     for trajectory in (t for g in groups for t in g):
@@ -96,10 +107,14 @@ async def test_tic_tac_toe_example_trains_one_step(backend: Any, tokenizer: Any,
     args = game.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await game.main(args, backend)
     await check_trained_and_served(backend, summary)
-    groups = summary["groups"][0]
+    [report] = summary["steps"]
+    groups, row = report.groups, report.row
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
-    line = summary["lines"][0]
-    assert sum(line[name] for name in game.REWARDS) == sum(len(g) for g in groups)
+    trajectories = [t for g in groups for t in g]
+    for name in game.REWARDS:  # the step's row: the share of games of each outcome
+        share = sum(t.metadata["outcome"] == name for t in trajectories) / len(trajectories)
+        assert row[f"rollouts/{name}"] == pytest.approx(share)
+    assert sum(row[f"rollouts/{name}"] for name in game.REWARDS) == pytest.approx(1.0)
     for trajectory in (t for g in groups for t in g):
         assert trajectory.reward in game.REWARDS.values()
         assert game.REWARDS[str(trajectory.metadata["outcome"])] == trajectory.reward
@@ -112,7 +127,9 @@ async def test_tic_tac_toe_example_trains_one_step(backend: Any, tokenizer: Any,
         assert trajectory.metrics["calls_without_tokens"] == 0
         check_sampled_by_base(trajectory)
         check_token_exact(trajectory, backend.gateway, tokenizer)
-    assert line["illegal_moves"] == sum(t.metrics["illegal_moves"] for g in groups for t in g)
+    assert row["rollouts/illegal_moves"] == pytest.approx(
+        statistics.fmean(t.metrics["illegal_moves"] for t in trajectories)
+    )
 
 
 # email_search ---------------------------------------------------------------------------------
@@ -128,10 +145,13 @@ async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any
     # The held-out questions are the inbox's last two, never trained on, evaluated before and after.
     assert [q["id"] for q in summary["val_questions"]] == [q["id"] for q in email.make_inbox(0, 60)[1][-2:]]
     assert not {q["id"] for q in summary["val_questions"]} & {q["id"] for q in summary["questions"]}
-    for evaluation in (summary["before"], summary["after"]):
-        assert 0 <= evaluation["success"] <= evaluation["answered"] + 1e-9 and evaluation["failures"] <= 2
+    result = summary["result"]
+    assert sorted(result.evaluations) == [0, 1]
+    for evaluation in (result.before["val"], result.after["val"]):  # success by the known answers
+        assert 0 <= evaluation["val/success"] <= evaluation["val/answered"] + 1e-9
+        assert evaluation["val/trajectories"] + evaluation["val/failures"] == 2
     assert summary["model"].store.steps("val") == [0, 1]
-    groups = summary["groups"][0]
+    groups = summary["steps"][0].groups
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     few_shot = len(email.FEW_SHOT)
     for trajectory in (t for g in groups for t in g):
@@ -149,6 +169,7 @@ async def test_email_search_example_trains_one_step(backend: Any, tokenizer: Any
         ]
         assert trajectory.metrics["agent_tool_calls"] == len(calls)
         assert trajectory.metrics["answered"] is ("answer" in calls)
+        assert trajectory.metrics["success"] is (trajectory.reward == 1.0)
         if trajectory.reward == 1.0:
             assert trajectory.metrics["answered"]
         if trajectory.reward == 0.2:
@@ -178,7 +199,8 @@ async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
     args = crew.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await crew.main(args, backend)
     await check_trained_and_served(backend, summary)
-    groups = summary["groups"][0]
+    [report] = summary["steps"]
+    groups = report.groups
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     judged = 0
     for group in groups:
@@ -200,7 +222,9 @@ async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
             check_sampled_by_base(trajectory)
             for history in trajectory.histories:
                 check_token_exact(history, backend.gateway, tokenizer)
-    assert summary["lines"][0]["judge_failures"] == 2 - judged
+    assert sum(f.stage == "judge" for g in groups for f in g.failures) == 2 - judged  # one failure per group
+    if judged:  # the step's row keeps the judge's score and the right-number check beside it
+        assert {"rollouts/ruler_score", "rollouts/programmatic_reward"} <= set(report.row)
 
 
 # openai_agents_calculator ---------------------------------------------------------------------
@@ -212,7 +236,7 @@ async def test_openai_agents_example_trains_one_step(backend: Any, tokenizer: An
     args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await example.main(args, backend)
     await check_trained_and_served(backend, summary)
-    groups = summary["groups"][0]
+    groups = summary["steps"][0].groups
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     trajectories = [t for g in groups for t in g]
     for trajectory in trajectories:
@@ -258,11 +282,14 @@ async def test_an_interrupted_example_run_goes_on_at_its_next_step_with_the_same
     with pytest.raises(asyncio.CancelledError):
         await first
     summary = await example.main(args, backend)
-    assert [line["step"] for line in summary["lines"]] == [2]  # the second step only
-    order = jm.iterate_dataset(example.questions(4, args.seed), per_step=2)
+    assert [report.step for report in summary["steps"]] == [2]  # the second step only
+    assert (summary["result"].started_step, summary["result"].steps_this_part) == (0, 1)
+    order = jm.iterate_dataset(example.questions(4, args.seed), per_step=2, seed=args.seed)
     expected = [[q["id"] for q in batch.items] for batch in order]
     for step in (0, 1):
-        assert [g.metadata["scenario_id"] for g in store.load_groups("train", step)] == expected[step]
+        # Each group's scenario, by its trajectories (the loop's groups carry no scenario label).
+        asked = [{t.metadata["scenario_id"] for t in g} for g in store.load_groups("train", step)]
+        assert asked == [{scenario} for scenario in expected[step]]
     assert store.checkpoint_steps()[-1] == 2
 
 
@@ -275,7 +302,7 @@ async def test_pydantic_ai_example_trains_one_step(backend: Any, tokenizer: Any,
     args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
     summary = await example.main(args, backend)
     await check_trained_and_served(backend, summary)
-    groups = summary["groups"][0]
+    groups = summary["steps"][0].groups
     assert len(groups) == 2 and sum(len(g) + len(g.failures) for g in groups) == 4
     answers = {q["id"]: q["answer"] for q in example.questions(args.questions * args.steps, args.seed)}
     for trajectory in (t for g in groups for t in g):

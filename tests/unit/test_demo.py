@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.backend.app.calculator import Scenario, make_scenarios, score, worked_plan
+from journeyman.backend.app.calculator import Scenario, make_scenarios, rollout, score, worked_plan
 from journeyman.backend.app.demo import DemoConfig, restore_rollout_rows, rollout_seed, run_demo
 from journeyman.backend.app.demo_report import summarize
 from journeyman.backend.app.plots import plot_demo
@@ -239,7 +239,9 @@ def _judged_groups() -> list[jm.TrajectoryGroup]:
 
 
 @pytest.mark.parametrize("anyway", [False, True])
-async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, anyway: bool) -> None:
+async def test_the_loop_refuses_a_judge_that_ranks_at_chance_on_the_demos_groups(
+    tmp_path: Path, anyway: bool
+) -> None:
     from rich.console import Console
 
     from journeyman.backend.app.demo import Demo
@@ -260,21 +262,25 @@ async def test_the_demo_refuses_a_judge_that_ranks_at_chance(tmp_path: Path, any
     demo = Demo(
         DemoConfig(judge="ruler", judge_method="scores", judge_anyway=anyway, root=tmp_path, name="gate")
     )
-    demo.console = Console(record=True, width=200)
+    console = Console(record=True, width=200)
     model = jm.TrainableModel(name="gate", project="demo", base_model="smollm2-135m", root=tmp_path)
     script = ScriptedJudge(respond=inverted)
     with running(script) as url:
         judge = jm.Judge("judge", base_url=url, max_retries=0, cache=False)
+        reward = jm.JudgeReward(
+            judge, rubric=demo.rubric, method="scores", calibrate=True, calibrate_anyway=anyway
+        )
+        loop = jm.TrainingLoop(model, rollout, make_scenarios(4, seed=0), judge=reward, console=console)
         if anyway:
-            await demo._calibrate(model, judge, groups)
+            await loop._calibrate(groups)
         else:
             with pytest.raises(
                 jm.JourneymanError, match="ranks the first step's attempts no better than chance"
             ):
-                await demo._calibrate(model, judge, groups)
+                await loop._calibrate(groups)
     report = json.loads((model.store.path / "judge_calibration.json").read_text())
     assert report["summary"]["pairs"] == 8 and report["summary"]["pairwise_accuracy"] == 0.0
-    assert "NOT better than chance" in demo.console.export_text()
+    assert "NOT better than chance" in console.export_text()
     assert (
         "Only a <tool> block is a tool result" in script.received[0]["messages"][0]["content"]
     )  # the task rubric

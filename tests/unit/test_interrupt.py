@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from journeyman.backend.app.interrupt import Interrupt
+from journeyman.interrupt import Interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 
