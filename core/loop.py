@@ -65,7 +65,7 @@ from journeyman.errors import ConfigError, JudgeError, RolloutError
 from journeyman.interrupt import Interrupt
 from journeyman.model import ServingState, TrainableModel, TrainResult, summarize
 from journeyman.store import ModelStore, atomic_write
-from journeyman.trajectory import Trajectory, TrajectoryGroup
+from journeyman.trajectory import JsonScalar, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from journeyman.judge import Judge
@@ -254,6 +254,7 @@ class TrainingLoop(Generic[S]):
         epochs: int | None = None,
         max_minutes: float | None = None,
         config: TrainConfig | None = None,
+        promote: bool = True,
         reward: Callable[[Trajectory, S], float] | None = None,
         judge: Judge | JudgeReward | None = None,
         evals: Sequence[EvalSet[S]] = (),
@@ -269,6 +270,7 @@ class TrainingLoop(Generic[S]):
         on_step_end: Hook | None = None,
         on_eval: Hook | None = None,
         summary: Summary | None = None,
+        labels: Callable[[S], dict[str, JsonScalar]] | None = None,
         langfuse: Any = False,
         progress: bool = True,
         console: Any = None,
@@ -301,6 +303,9 @@ class TrainingLoop(Generic[S]):
         self.epochs = epochs if epochs is not None or steps is not None or max_minutes is not None else 1
         self.max_minutes = max_minutes
         self.config = config or TrainConfig()
+        self.promote = promote
+        """False: each trained step is served as ``name@step`` only, the plain name stays where it is
+        (``model.train(promote=False)``): promote it from a hook, e.g. with :func:`~journeyman.promote_if_better`."""
         self.reward = reward
         self.judge = JudgeReward(judge) if judge is not None and not isinstance(judge, JudgeReward) else judge
         self.evals = list(evals)
@@ -316,6 +321,9 @@ class TrainingLoop(Generic[S]):
         self.on_step_end = on_step_end
         self.on_eval = on_eval
         self.summary: Summary = summary or summarize
+        self.labels = labels
+        """Labels for each group's ``metadata`` from its scenario (beside ``split``, ``step`` and
+        ``scenario_index``, which every group gets)."""
         self.langfuse = langfuse
         self.progress = progress
         self.console = console
@@ -470,7 +478,7 @@ class TrainingLoop(Generic[S]):
         """Train on a step's groups, append its ``rollouts`` row, report it."""
         t0 = time.monotonic()
         with self._status(f"step {step + 1}: training on {len(groups)} groups ..."):
-            result = await self.model.train(groups, self.config, langfuse=self.langfuse)
+            result = await self.model.train(groups, self.config, langfuse=self.langfuse, promote=self.promote)
         train_s = time.monotonic() - t0
         stats = self.summary(groups)
         lags = [step - min(t.policy_versions or [0]) for g in groups for t in g]  # versions behind
@@ -568,18 +576,7 @@ class TrainingLoop(Generic[S]):
             before = await self._serving()
             try:
                 groups = await gather_trajectory_groups(
-                    (
-                        TrajectoryGroup(
-                            (
-                                self._one(
-                                    s, RolloutInfo(split, step, i, k, rollout_seed(self.seed, draw, i, k))
-                                )
-                                for k in range(n)
-                            ),
-                            metadata={"split": split, "step": step, "scenario_index": i},
-                        )
-                        for i, s in enumerate(scenarios)
-                    ),
+                    self._groups(scenarios, split, step, draw, n),
                     max_exceptions=self.max_exceptions,
                     after_each=finish,
                     description=description,
@@ -598,6 +595,21 @@ class TrainingLoop(Generic[S]):
             self._say(f"{description}: the policy's server died under them; sampling again once it is back")
             await self._wait_serving(judges=False)
         raise AssertionError("unreachable")
+
+    def _groups(
+        self, scenarios: Sequence[S], split: str, step: int, draw: str, n: int
+    ) -> list[TrajectoryGroup]:
+        """A group of ``n`` pending rollouts per scenario, each with its seed, labelled."""
+        groups = []
+        for i, scenario in enumerate(scenarios):
+            labels = {"split": split, "step": step, "scenario_index": i}
+            rollouts = (
+                self._one(scenario, RolloutInfo(split, step, i, k, rollout_seed(self.seed, draw, i, k)))
+                for k in range(n)
+            )
+            own = self.labels(scenario) if self.labels is not None else {}
+            groups.append(TrajectoryGroup(rollouts, metadata={**labels, **own}))
+        return groups
 
     async def _score(self, group: TrajectoryGroup) -> TrajectoryGroup:
         assert self.judge is not None

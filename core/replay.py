@@ -26,11 +26,11 @@ from typing import Any
 
 from journeyman.errors import InvalidDataError
 from journeyman.gather import AfterEach, gather_trajectory_groups
-from journeyman.trajectory import Trajectory, TrajectoryGroup
+from journeyman.trajectory import JsonScalar, Trajectory, TrajectoryGroup
 
 __all__ = [
-    "Scenario", "read_scenarios", "replay", "scenario_of", "scenarios_from_trajectories", "split_held_out",
-    "write_scenarios",
+    "Scenario", "label_trajectory", "read_scenarios", "replay", "scenario_labels", "scenario_of",
+    "scenarios_from_trajectories", "split_held_out", "write_scenarios",
 ]  # fmt: skip
 
 _OPENING_ROLES = ("system", "developer", "user")
@@ -157,6 +157,22 @@ def split_held_out(
     return [s for s in scenarios if s.id not in held], [s for s in scenarios if s.id in held]
 
 
+def scenario_labels(scenario: Scenario) -> dict[str, JsonScalar]:
+    """A replayed group's labels: its scenario's id and the production trace it came from."""
+    labels: dict[str, JsonScalar] = {"scenario_id": scenario.id}
+    if scenario.source is not None:
+        labels["source_trace"] = scenario.source
+    return labels
+
+
+def label_trajectory(trajectory: Trajectory, scenario: Scenario) -> Trajectory:
+    """``trajectory`` with its scenario's id, source trace and production score in its metadata."""
+    trajectory.metadata.update(scenario_labels(scenario))
+    if scenario.score is not None:
+        trajectory.metadata["production_score"] = scenario.score
+    return trajectory
+
+
 async def replay(
     scenarios: Iterable[Scenario],
     agent: Callable[[Scenario], Awaitable[Trajectory]],
@@ -179,13 +195,7 @@ async def replay(
         raise InvalidDataError(f"n (attempts per scenario) must be at least 1, got {n}")
 
     async def attempt(scenario: Scenario) -> Trajectory:
-        trajectory = await agent(scenario)
-        trajectory.metadata["scenario_id"] = scenario.id
-        if scenario.source is not None:
-            trajectory.metadata["source_trace"] = scenario.source
-        if scenario.score is not None:
-            trajectory.metadata["production_score"] = scenario.score
-        return trajectory
+        return label_trajectory(await agent(scenario), scenario)
 
     by_group = {}
     for scenario in scenarios:
@@ -193,10 +203,7 @@ async def replay(
         by_group[id(group)] = (group, scenario)
 
     async def label(group: TrajectoryGroup) -> TrajectoryGroup | list[TrajectoryGroup] | None:
-        scenario = by_group[id(group)][1]
-        group.metadata["scenario_id"] = scenario.id
-        if scenario.source is not None:
-            group.metadata["source_trace"] = scenario.source
+        group.metadata.update(scenario_labels(by_group[id(group)][1]))
         return group if after_each is None else await after_each(group)
 
     return await gather_trajectory_groups(

@@ -8,10 +8,12 @@ check that scores a run, and the rubrics a judge gets instead. ``journeyman demo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -192,10 +194,29 @@ class _WorkedExamples(AgentMiddleware):
         return await handler(request.override(messages=[*WORKED_EXAMPLES, *request.messages]))
 
 
-def build_agent(llm: ChatOpenAI, *, worked_examples: bool = True) -> Any:
+class _ToolWait(AgentMiddleware):
+    """Each tool call waits ``seconds`` first, as a real agent waits on an API (the answer is the same)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        time.sleep(self.seconds)
+        return handler(request)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        await asyncio.sleep(self.seconds)
+        return await handler(request)
+
+
+def build_agent(llm: ChatOpenAI, *, worked_examples: bool = True, tool_seconds: float = 0.0) -> Any:
     """The ReAct agent: the system prompt, the worked examples, then the conversation so far (the
-    same requests, turn by turn, as LangGraph's older ``create_react_agent`` with a prompt function)."""
-    middleware = [_WorkedExamples()] if worked_examples else []
+    same requests, turn by turn, as LangGraph's older ``create_react_agent`` with a prompt function).
+    ``tool_seconds``: each tool call waits that long first."""
+    middleware: list[AgentMiddleware] = [_WorkedExamples()] if worked_examples else []
+    if tool_seconds > 0:
+        middleware.append(_ToolWait(tool_seconds))
     return create_agent(llm, TOOLS, system_prompt=SystemMessage(SYSTEM), middleware=middleware)
 
 

@@ -303,6 +303,16 @@ def demo(
     zero_shot_eval: Annotated[
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
+    tool_seconds: Annotated[
+        float, typer.Option(help="Each tool call waits this long first, as real agents wait on APIs.")
+    ] = 0.0,
+    vllm_cores: Annotated[
+        str | None,
+        typer.Option(help="CPU: cores for the policy's vLLM server, e.g. 1 or 0-3 (default: all)."),
+    ] = None,
+    trainer_threads: Annotated[
+        int | None, typer.Option(help="CPU: the trainer's torch threads (default: one per core).")
+    ] = None,
     max_steps_off_policy: Annotated[
         int,
         typer.Option(
@@ -383,6 +393,7 @@ def demo(
         seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share, serving_dtype=serving_dtype, gpu_memory_utilization=gpu_memory_utilization,
         sleep_mode=sleep_mode, train_device=train_device, max_steps_off_policy=max_steps_off_policy,
+        tool_seconds=tool_seconds, vllm_cores=vllm_cores, trainer_threads=trainer_threads,
     )  # fmt: skip
     run_demo(config)
 

@@ -145,7 +145,7 @@ class Demo:
             timeout=600,
             http_async_client=self.http,
         )
-        return build_agent(llm, worked_examples=worked_examples)
+        return build_agent(llm, worked_examples=worked_examples, tool_seconds=self.config.tool_seconds)
 
     @property
     def judge_model(self) -> str:
@@ -353,6 +353,8 @@ class Demo:
                 vllm=self._policy_vllm(),
                 sleep_mode=c.sleep_mode,
                 train_device=c.train_device,
+                vllm_cores=c.vllm_cores,
+                trainer_threads=c.trainer_threads,
                 viewer=start_viewer if c.viewer else None,
             ) as backend,
             httpx.AsyncClient(

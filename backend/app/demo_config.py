@@ -112,6 +112,12 @@ class DemoConfig:
     see the system prompt and tools only (zero-shot). None: 1 for SmolLM2, which calls no tool
     without them; 0.5 for other models: Qwen2.5 calls tools zero-shot but never answers after the
     result there, and can learn that from the groups with examples (the module's docstring)."""
+    vllm_cores: str | None = None
+    """CPU: the cores the policy's vLLM server is bound to (``"1"``, ``"0-3"``); None: every core."""
+    trainer_threads: int | None = None
+    """CPU: the trainer's torch threads; None: one per core."""
+    tool_seconds: float = 0.0
+    """Each tool call waits this long first, as real agents wait on APIs (for measuring overlap)."""
     max_steps_off_policy: int = 0
     """Sample up to this many later steps while a step trains (``TrainingLoop.max_steps_off_policy``)."""
     zero_shot_eval: bool = True
@@ -131,6 +137,7 @@ class DemoConfig:
              "scenarios_per_step, val_scenarios, val_samples, max_tokens and rank must be >= 1"),
             (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
             (self.temperature >= 0 and self.learning_rate > 0, "temperature must be >= 0 and learning_rate > 0"),
+            (self.tool_seconds >= 0, f"tool_seconds must be >= 0, got {self.tool_seconds}"),
             (self.max_steps_off_policy >= 0, f"max_steps_off_policy must be >= 0, got {self.max_steps_off_policy}"),
             (self.loss in get_args(LossType), f"unknown loss {self.loss!r}: {', '.join(get_args(LossType))}"),
             (self.judge in ("none", "ruler"), f"unknown judge {self.judge!r}: none or ruler"),

@@ -10,12 +10,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, cast
 
 import typer
 
 import journeyman as jm
 from journeyman.errors import ConfigError
+from journeyman.loop import StepReport
+from journeyman.replay import label_trajectory, scenario_labels
 from journeyman.ruler import Method
 
 from .cli_runs import Root
@@ -144,34 +146,36 @@ async def _run(
             name=store.model, project=store.project, base_model=base_model, root=store.root
         )
         await model.register(backend)
-        after_each: Any = None
+        judge = None
         if judge_model is not None:
-            judge = await backend.judge(model, judge_model)
-            method = cast(Method, judge_method)
-
-            async def after_each(group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
-                return await jm.ruler_score_group(group, judge=judge, method=method)
+            judge = jm.JudgeReward(await backend.judge(model, judge_model), method=cast(Method, judge_method))
 
         async def evaluate(name: str) -> list[jm.TrajectoryGroup]:
             served = model.model_copy(update={"inference_model_name": name})
             return await jm.replay(held, lambda s: attempt(s, served), n=1, progress=False)
 
-        start, per_step = await model.get_step(), min(per_step, len(train))
-        batches = jm.iterate_dataset(train, per_step=per_step, epochs=1_000_000, initial_step=start)
-        for number, batch in enumerate(batches):  # as many epochs as the steps need
-            if number == steps:
-                break
-            groups = await jm.replay(batch.items, lambda s: attempt(s, model), n=n, after_each=after_each)
-            result = await model.train(groups, jm.TrainConfig(learning_rate=learning_rate), promote=not gate)
-            rewards = [t.reward for g in groups for t in g if t.reward is not None]
-            line = f"step {result.step}: {sum(len(g) for g in groups)} attempts, reward {_mean(rewards)}"
+        async def rollout(model: jm.TrainableModel, scenario: jm.Scenario) -> jm.Trajectory:
+            return label_trajectory(await attempt(scenario, model), scenario)
+
+        async def step_end(report: StepReport) -> None:
+            rewards = [t.reward for g in report.groups for t in g if t.reward is not None]
+            line = (
+                f"step {report.step}: {sum(len(g) for g in report.groups)} attempts, reward {_mean(rewards)}"
+            )
             if gate:
                 decision = await jm.promote_if_better(
-                    model, result.step, evaluate, jm.Gate(min_delta=min_delta)
+                    model, report.step, evaluate, jm.Gate(min_delta=min_delta)
                 )
                 verdict = "promoted" if decision.promoted else f"held (step {decision.incumbent_step} stays)"
                 line += f"; held out {decision.candidate:.3f} vs {decision.incumbent:.3f}: {verdict}"
             typer.echo(line)
+
+        await jm.TrainingLoop(
+            model, rollout, train, group_size=n, scenarios_per_step=min(per_step, len(train)),
+            steps=await model.get_step() + steps,  # each call trains `steps` more, in the same order
+            config=jm.TrainConfig(learning_rate=learning_rate), promote=not gate, judge=judge,
+            labels=scenario_labels, on_step_end=step_end, step_lines=False,
+        ).run()  # fmt: skip
 
 
 def _mean(values: list[float]) -> str:

@@ -186,6 +186,8 @@ def test_worked_plan_splits_a_step_between_the_prompts(n: int, share: float, pla
         ("reward_weight", -1.0, "reward_weight must be >= 0"),
         ("worked_share", 1.5, "worked_share must be between 0 and 1"),
         ("serving_dtype", "fp8", "unknown serving_dtype 'fp8': auto, bfloat16, float16, float32"),
+        ("tool_seconds", -1.0, "tool_seconds must be >= 0"),
+        ("max_steps_off_policy", -1, "max_steps_off_policy must be >= 0"),
     ],
 )
 def test_bad_settings_say_what_to_do(field: str, value: Any, message: str) -> None:
@@ -362,3 +364,18 @@ def test_a_judge_server_starts_beside_the_policy_on_cpu_and_after_it_on_a_gpu(
     asyncio.run(demo.Demo._start_servers(runner, Model(), Backend()))  # type: ignore[arg-type]
     judge = events.index("judge qwen2.5-coder-1.5b starts")
     assert (judge > events.index("policy ready")) is on_gpu
+
+
+async def test_a_tool_wait_delays_each_call_and_keeps_its_answer() -> None:
+    import time
+
+    from journeyman.backend.app.calculator import _ToolWait
+
+    async def handler(request: str) -> str:
+        return f"answered {request}"
+
+    wait = _ToolWait(0.2)
+    start = time.monotonic()
+    assert await wait.awrap_tool_call("add(2, 3)", handler) == "answered add(2, 3)"
+    assert time.monotonic() - start >= 0.2
+    assert wait.wrap_tool_call("x", lambda request: request * 2) == "xx"
