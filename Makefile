@@ -33,7 +33,7 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest tests/integration -q
 
-test-faults: setup  ## injected faults (vLLM and trainer killed, disk full, a short chaos run of the demo), bad input, security
+test-faults: setup  ## injected faults (vLLM and trainer killed, disk full, a short chaos run of an example), bad input, security
 	$(PY) -m pytest tests/faults -q
 
 check: setup  ## lint, format check, types (mypy strict on every module)

@@ -1,7 +1,9 @@
-"""A chaos run of the demo: faults injected at moments drawn from a seed, the run carried on
-through each, its promises checked from its files at the end.
+"""A chaos run of a training loop (the demo's, or any script's ``jm.TrainingLoop``): faults
+injected at moments drawn from a seed, the run carried on through each, its promises checked from
+its files at the end.
 
-The demo runs as ``journeyman demo`` in a process group of its own. Each fault of the plan waits
+The run (``python -m bench.chaos`` runs ``journeyman demo``; :func:`run` takes any command)
+runs in a process group of its own. Each fault of the plan waits
 for its step, then for its phase of that step, read from the run's files (``rollouts``: a drawn
 delay after the step before it completed; ``train``: the step's groups are stored and its
 checkpoint is not written yet, so the optimizer step or the checkpoint write is running;
@@ -62,6 +64,8 @@ BEFORE = "demo_before.json"
 """Written once the held-out evaluation before training is done: the steps begin."""
 JUDGED_AGAIN = re.compile(rb"judging\s+\d+\s+group\(s\)\s+again")
 """What the demo prints once a step's groups failed their judging on a dead judge server."""
+LOOP_SPLITS = ("train", "rollouts")
+"""The history's rows of training steps; any other split is an evaluation."""
 MEMORY_MARGIN = 64 * 2**20
 """Address space left above what the demo uses when the cap is set."""
 
@@ -134,12 +138,7 @@ class Progress:
 
     @classmethod
     def read(cls, run_dir: Path) -> Progress:
-        rows = []
-        path = run_dir / "history.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):  # a line being written
-                    rows.append(json.loads(line))
+        rows = _history(run_dir)
         trained = len({r["step"] for r in rows if r.get("split") == "train"})
         if (run_dir / "checkpoints" / f"{trained + 1:04d}").is_dir():
             return cls(trained, "deploy")
@@ -207,13 +206,50 @@ def _hold_judge_down(fault: Fault, demo: subprocess.Popen[bytes], log: Path, sin
     return True
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def demo_command(args: list[str]) -> list[str]:
+    """``journeyman demo`` with ``args``, as a command for :func:`run`."""
+    return [sys.executable, "-m", "journeyman.backend", "demo", *args]
+
+
+def _start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "journeyman.backend", "demo", *args],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    path = run_dir / "history.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line being written
+                rows.append(json.loads(line))
+    return rows
+
+
+def _steps_began(run_dir: Path) -> bool:
+    """Whether the run evaluated before training (the demo's file, or any training loop's held-out
+    row): its steps' rollouts are what is sampled now."""
+    return (run_dir / BEFORE).exists() or any(r.get("split") not in LOOP_SPLITS for r in _history(run_dir))
+
+
+def _report(run_dir: Path) -> dict[str, Any]:
+    """The demo's report, or for another training loop its first and last evaluation of ``val``
+    from the history, shaped alike (``{"before": {"step", "sampled"}, "after": ...}``)."""
+    path = run_dir / "demo_report.json"
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    rows = sorted((r for r in _history(run_dir) if r.get("split") == "val"), key=lambda r: int(r["step"]))
+    if not rows:
+        return {}
+
+    def evaluation(row: dict[str, Any]) -> dict[str, Any]:
+        values = {k.removeprefix("val/"): v for k, v in row.items() if k.startswith("val/")}
+        return {"step": int(row["step"]), "sampled": values}
+
+    return {"before": evaluation(rows[0]), "after": evaluation(rows[-1])}
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
@@ -260,23 +296,26 @@ def _lift(demo: subprocess.Popen[bytes]) -> None:
 
 
 def run(
-    demo_args: list[str],
+    command: list[str],
     run_dir: Path,
     faults: list[Fault],
     timeout: float,
     stall: float = 900.0,
     steps: int | None = None,
+    resume: list[str] | None = None,
 ) -> ChaosRun:
-    """The demo with ``faults`` injected, resumed until it finishes; then ``journeyman check``.
-    A fault that slipped past the last of ``steps`` (its step's phase was over before its delay)
-    is not injected into the evaluation after training: "the run ended first"."""
+    """``command`` (the demo, :func:`demo_command`, or a script that trains with ``jm.TrainingLoop``
+    into ``run_dir``) with ``faults`` injected, resumed with ``resume`` until it finishes (None:
+    ``command`` again, which is how a training loop resumes); then ``journeyman check``. A fault
+    that slipped past the last of ``steps`` (its step's phase was over before its delay) is not
+    injected into the evaluation after training: "the run ended first"."""
     chaos = ChaosRun(run_dir, faults)
     log = run_dir.parent / f"{run_dir.name}.chaos.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     records = run_dir.parents[1] / "gateway" / "completions.jsonl"
     sampled_before = _size(records)
-    demo = _start(demo_args, log)
+    demo = _start(command, log)
     pending = list(faults)
     seen, step_time, phase_time, phase = 0, time.monotonic(), time.monotonic(), "rollouts"
     capped: Fault | None = None
@@ -315,7 +354,7 @@ def run(
                 capped, ending, held = None, False, None
                 chaos.restarts += 1
                 sampled_before = _size(records)
-                demo = _start(["--resume", str(run_dir)], log)
+                demo = _start(resume or command, log)
                 step_time = phase_time = time.monotonic()  # delays count from the restart
                 phase, waiting = "rollouts", None
                 continue
@@ -333,7 +372,7 @@ def run(
                 # rollouts: once this process samples the steps (not while vLLM starts or evaluates first)
                 and (
                     upcoming.phase != "rollouts"
-                    or (_size(records) > sampled_before and (run_dir / BEFORE).exists())
+                    or (_size(records) > sampled_before and _steps_began(run_dir))
                 )
             )
             waiting = upcoming if ready else None
@@ -355,8 +394,7 @@ def run(
     for fault in open_faults:
         fault.outcome = fault.outcome or "the run ended first"
     chaos.seconds = time.monotonic() - started
-    report = run_dir / "demo_report.json"
-    chaos.report = json.loads(report.read_text()) if report.exists() else {}
+    chaos.report = _report(run_dir)
     check = subprocess.run(
         [sys.executable, "-m", "journeyman.backend", "check", "--on-policy", str(run_dir)],
         capture_output=True, text=True, check=False,
@@ -426,7 +464,11 @@ def main() -> None:
     demo_args = ["--steps", str(args.steps), "--name", args.name, "--root", str(args.root),
                  "--seed", str(args.seed), "--max-train-minutes", "600", *args.demo_args]  # fmt: skip
     faults = plan(args.faults, args.steps, args.plan.split(","), args.seed, args.max_delay)
-    chaos = run(demo_args, args.root / "demo" / args.name, faults, args.timeout, args.stall, args.steps)
+    run_dir = args.root / "demo" / args.name
+    chaos = run(
+        demo_command(demo_args), run_dir, faults, args.timeout, args.stall, args.steps,
+        resume=demo_command(["--resume", str(run_dir)]),
+    )  # fmt: skip
     print(table(chaos))
     if not chaos.check_ok:
         print(chaos.check_output)

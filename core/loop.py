@@ -334,6 +334,7 @@ class TrainingLoop(Generic[S]):
         """Set by :meth:`stop` (or a hook that returned True): the loop ends after the current step."""
         self._calibrated = True
         self._train_started = 0.0
+        self._interrupt: Interrupt | None = None
 
     # -- what users call ---------------------------------------------------------------------------
 
@@ -344,9 +345,9 @@ class TrainingLoop(Generic[S]):
     async def run(self) -> LoopResult:
         """Train to the budget, evaluating before, during and after; resume where the run on this
         model's root left off. Ctrl-C stops it, says how to resume and raises ``KeyboardInterrupt``."""
-        interrupt = self.interrupt or Interrupt()
+        interrupt = self.interrupt or Interrupt()  # the caller's, already entered, or one of this run's
         async with contextlib.nullcontext() if self.interrupt is not None else interrupt:
-            self.interrupt = interrupt
+            self._interrupt = interrupt
             try:
                 return await self._run()
             except asyncio.CancelledError:
@@ -723,8 +724,8 @@ class TrainingLoop(Generic[S]):
     # -- output ------------------------------------------------------------------------------------
 
     def _check_interrupt(self) -> None:
-        if self.interrupt is not None:
-            self.interrupt.check()
+        if self._interrupt is not None:
+            self._interrupt.check()
 
     def _say(self, line: str, level: int = logging.INFO) -> None:
         if self.console is None and self.progress:

@@ -222,6 +222,18 @@ class Demo:
             calibrate_anyway=c.judge_anyway,
         )  # fmt: skip
 
+    def _cores(self) -> tuple[str | None, int | None]:
+        """The policy server's cores and the trainer's threads: as given; on a CPU whose rollouts
+        overlap training (``max_steps_off_policy``), the upper half of the cores for vLLM and a
+        thread per core of the lower half for the trainer, so the two do not fight for each core."""
+        c = self.config
+        cpu = not cuda_available() or c.train_device == "cpu"
+        n = os.cpu_count() or 1
+        if c.max_steps_off_policy == 0 or c.vllm_cores or c.trainer_threads or not cpu or n < 2:
+            return c.vllm_cores, c.trainer_threads
+        half = n // 2
+        return (str(half) if n - half == 1 else f"{half}-{n - 1}"), half
+
     def _policy_vllm(self) -> VLLMConfig | None:
         """The policy server's config where the demo sets more than the backend's defaults: its
         share of the GPU (``gpu_memory_utilization``; otherwise planned on CUDA)."""
@@ -343,6 +355,9 @@ class Demo:
 
             LangfuseExporter(project=c.project, model=self.name).check()
         merge = self._merge()
+        cores, threads = self._cores()
+        if cores is not None and c.vllm_cores is None:
+            self.console.print(f"steps overlap: vLLM on core(s) {cores}, the trainer on {threads} thread(s)")
         self.console.print(f"starting vLLM with {c.base_model} (under a minute on 2 cores) ...")
         async with (
             self.interrupt,  # first in, last out: Ctrl-C is kept until the servers are down
@@ -353,8 +368,8 @@ class Demo:
                 vllm=self._policy_vllm(),
                 sleep_mode=c.sleep_mode,
                 train_device=c.train_device,
-                vllm_cores=c.vllm_cores,
-                trainer_threads=c.trainer_threads,
+                vllm_cores=cores,
+                trainer_threads=threads,
                 viewer=start_viewer if c.viewer else None,
             ) as backend,
             httpx.AsyncClient(

@@ -22,7 +22,7 @@ from langgraph.errors import GraphRecursionError
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.backend.app.calculator import Scenario, build_agent, make_scenarios, score
+from journeyman.backend.app.calculator import DEMO_RUBRICS, Scenario, build_agent, make_scenarios, score
 from journeyman.integrations.langgraph import TrajectoryTracer
 
 # 1. The agent you already have, its scenarios and its check: the demo's calculator task
@@ -50,12 +50,18 @@ async def rollout(agent, scenario: Scenario) -> jm.Trajectory:  # type: ignore[n
 
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     """Train; returns what a test checks: the model, the loop's result (its evaluations) and the
-    report of each step. ``backend``: a LocalBackend to share (default: one of its own)."""
+    report of each step. ``backend``: a LocalBackend to share (default: one of its own). Run it
+    again with the same --name and --root and it goes on where it stopped."""
     if backend is None:
-        async with LocalBackend(root=args.root) as own:
+        async with LocalBackend(root=args.root, dtype=args.serving_dtype) as own:
             return await main(args, own)
     model = jm.TrainableModel(name=args.name, project="examples", base_model="smollm2-135m", root=args.root)
     await model.register(backend)
+    judge = None
+    if args.judge_model:  # an LLM judge on a vLLM server of its own, its score beside the check's reward
+        rubric = DEMO_RUBRICS["verdict"]  # each attempt alone, scored by the judge's P(yes)
+        served = await backend.start_judge(args.judge_model, temperature=0.0)  # the same scores each time
+        judge = jm.JudgeReward(served, rubric=rubric, method="verdict", reward_from="best", reward_weight=1.0)
     steps: list[Any] = []
     async with httpx.AsyncClient(timeout=600) as http:
         llm = ChatOpenAI(
@@ -67,15 +73,22 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
             disable_streaming=True,  # one response per call: nothing to stream in a batch run
             http_async_client=http,
         )
-        agent = build_agent(llm)
+
+        async def sampled(model: jm.TrainableModel, scenario: Scenario) -> jm.Trajectory:
+            info = jm.rollout_info()  # each rollout samples with a seed of its own: a rerun draws the same
+            seeded = llm.model_copy(update={"seed": info.seed}) if info is not None else llm
+            return await rollout(build_agent(seeded), scenario)
+
         result = await jm.TrainingLoop(
             model,
-            lambda _model, scenario: rollout(agent, scenario),  # the agent calls the served model
+            sampled,
             make_scenarios(args.train, seed=0),
             reward=reward,
+            judge=judge,
             group_size=args.group_size,
             scenarios_per_step=args.scenarios_per_step,
             steps=args.steps,
+            seed=args.seed,
             config=jm.TrainConfig(learning_rate=args.learning_rate, loss="dapo"),
             evals=[jm.EvalSet("val", make_scenarios(args.val, seed=1), samples=args.val_samples)],
             on_step_end=steps.append,
@@ -99,6 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-samples", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="data order and each rollout's sampling seed")
+    parser.add_argument("--judge-model", default=None, help="also score with this LLM judge (its own vLLM)")
+    parser.add_argument(
+        "--serving-dtype", default=None, help="vLLM's --dtype (float32: batch-invariant on CPU)"
+    )
     parser.add_argument("--name", default="calc-agent")
     parser.add_argument("--root", default=None, help="store root (default: ./.journeyman)")
     return parser.parse_args(argv)

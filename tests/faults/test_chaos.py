@@ -1,13 +1,15 @@
-"""The short chaos run: one fault of each kind at moments drawn from a seed, in a real demo (real
-vLLM, trainer, gateway, and a judge on a vLLM server of its own); the run carries on to its last
-step and keeps every promise, its resumed parts ask the questions an uninterrupted run asks, in
-that order, and it is its clean twin's run: served in float32, where a seeded request samples the
-same tokens with the same logprobs in any batch and however its prompt is split, both sample the
-same rollouts and save the same adapters at every step."""
+"""The short chaos run: one fault of each kind at moments drawn from a seed, in a user's training
+loop (examples/langgraph_calculator/train.py: jm.TrainingLoop with real vLLM, trainer, gateway, and
+a judge on a vLLM server of its own), resumed by running the same command again; the run carries on
+to its last step and keeps every promise, its resumed parts ask the questions an uninterrupted run
+asks, in that order, and it is its clean twin's run: served in float32, where a seeded request
+samples the same tokens with the same logprobs in any batch and however its prompt is split, both
+sample the same rollouts and save the same adapters at every step."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,18 @@ from journeyman.backend.models import prepare_model
 
 STEPS = 8
 KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
-DEMO = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "16",
-        "--val-scenarios", "2", "--val-samples", "1", "--max-tokens", "40", "--no-zero-shot-eval",
-        "--max-train-minutes", "600", "--name", "chaos", "--serving-dtype", "float32"]  # fmt: skip
-JUDGE = ["--judge", "ruler", "--judge-anyway", "--reward-weight", "1", "--no-gradient-checkpointing"]
-"""The base model judges from a folder, so on a server of its own; the programmatic reward beside
-its scores keeps the steps learning (a 135M judge ranks at chance: this run is about its server)."""
+EXAMPLE = Path(__file__).parents[2] / "examples" / "langgraph_calculator" / "train.py"
+ARGS = ["--steps", str(STEPS), "--scenarios-per-step", "2", "--group-size", "2", "--train", "16",
+        "--val", "2", "--val-samples", "1", "--max-tokens", "40", "--name", "chaos",
+        "--serving-dtype", "float32"]  # fmt: skip
+"""The judge is the base model from a folder, so on a server of its own; the programmatic reward
+beside its scores keeps the steps learning (a 135M judge ranks at chance: this run is about its
+server)."""
+
+
+def _command(root: Path) -> list[str]:
+    judge = str(prepare_model("smollm2-135m"))
+    return [sys.executable, str(EXAMPLE), *ARGS, "--judge-model", judge, "--root", str(root)]
 
 
 def _question(group: jm.TrajectoryGroup) -> str:
@@ -37,14 +45,13 @@ def _question(group: jm.TrajectoryGroup) -> str:
 
 @pytest.mark.slow  # 11 minutes with its twin on the 2-core AMD host: `make test-slow` (and CI) run it
 @pytest.mark.timeout(1800)  # over twice that; the harness's own limits bound each run inside it
-def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
+def test_a_users_training_loop_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     # A fault at each of steps 1-5 (vLLM and the demo killed in training), three steps to spare: a
     # step of this run samples for a second or two, and a fault that misses its step takes the next.
     faults = plan(len(KINDS), len(KINDS), KINDS, seed=0, max_delay=1.0)
-    judge = ["--judge-model", str(prepare_model("smollm2-135m"))]
     chaos = run(
-        [*DEMO, *JUDGE, *judge, "--root", str(tmp_path)],
-        tmp_path / "demo" / "chaos",
+        _command(tmp_path),
+        tmp_path / "examples" / "chaos",
         faults,
         timeout=1500,
         stall=300,
@@ -57,10 +64,10 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     outcome = {f.kind: f.outcome for f in faults}  # both servers were restarted in-process
     assert outcome["vllm"] == outcome["judge"] == "carried on", table(chaos)
     assert chaos.report["before"]["step"] == 0 and chaos.report["after"]["step"] == STEPS
-    store = jm.ModelStore("demo", "chaos", root=tmp_path)
-    questions = [s.question for s in make_scenarios(16, seed=0)]  # the demo's order (no shuffle)
-    for step in range(STEPS):  # each step asked what an uninterrupted run asks, in that order
-        assert [_question(g) for g in store.load_groups("train", step)] == questions[2 * step : 2 * step + 2]
+    store = jm.ModelStore("examples", "chaos", root=tmp_path)
+    order = jm.iterate_dataset(make_scenarios(16, seed=0), per_step=2, seed=0)  # the loop's, seeded by --seed
+    for step, batch in enumerate(order):  # each step asked what an uninterrupted run asks, in that order
+        assert [_question(g) for g in store.load_groups("train", step)] == [s.question for s in batch.items]
     assert [_question(g) for g in store.load_groups("val", 0)] == [
         _question(g) for g in store.load_groups("val", STEPS)
     ]  # one held-out set before and after
@@ -71,20 +78,20 @@ def test_a_demo_survives_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert all(any(f.stage == "judge" for f in g.failures) for g in judged_again)
     rows = [json.loads(line) for line in (store.path / "history.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in rows if r.get("split") == "train") == list(range(1, STEPS + 1))
-    # and one rollout row a step, the demo's own (restored on resume where a process died first)
+    # and one rollout row a step, the loop's own (restored on resume where a process died first)
     assert sorted(r["step"] for r in rows if r.get("split") == "rollouts") == list(range(STEPS))
 
     # The same demo without faults, from scratch: the chaos run repeats it token for token.
     twin = run(
-        [*DEMO, *JUDGE, *judge, "--root", str(tmp_path / "twin")],
-        tmp_path / "twin" / "demo" / "chaos",
+        _command(tmp_path / "twin"),
+        tmp_path / "twin" / "examples" / "chaos",
         [],
         timeout=1200,
         stall=300,
         steps=STEPS,
     )
     assert twin.check_ok, twin.check_output
-    steps = compare(tmp_path / "twin" / "demo" / "chaos", store.path)
+    steps = compare(tmp_path / "twin" / "examples" / "chaos", store.path)
     assert len(steps) == STEPS, twins_table(steps)
     assert all(s["shared"] == s["rollouts"] and s["same_adapter"] for s in steps), twins_table(steps)
     assert twin.report["after"] == chaos.report["after"]  # the same held-out answers after the last step

@@ -379,3 +379,23 @@ async def test_a_tool_wait_delays_each_call_and_keeps_its_answer() -> None:
     assert await wait.awrap_tool_call("add(2, 3)", handler) == "answered add(2, 3)"
     assert time.monotonic() - start >= 0.2
     assert wait.wrap_tool_call("x", lambda request: request * 2) == "xx"
+
+
+@pytest.mark.parametrize(
+    ("cpus", "options", "split"),
+    [
+        (2, {"max_steps_off_policy": 1}, ("1", 1)),
+        (8, {"max_steps_off_policy": 1}, ("4-7", 4)),
+        (2, {}, (None, None)),  # steps in turn: each takes every core while it runs
+        (2, {"max_steps_off_policy": 1, "vllm_cores": "0"}, ("0", None)),  # as given
+        (1, {"max_steps_off_policy": 1}, (None, None)),
+    ],
+)
+def test_overlapping_steps_split_the_cpu_between_vllm_and_the_trainer(
+    cpus: int, options: dict[str, Any], split: tuple[str | None, int | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from journeyman.backend.app import demo
+
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(demo, "cuda_available", lambda: False)
+    assert demo.Demo(DemoConfig(**options))._cores() == split
