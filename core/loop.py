@@ -682,6 +682,22 @@ class TrainingLoop(Generic[S]):
             return None
         return self.store.best_step(self.best_metric, higher_is_better=self.higher_is_better)
 
+    async def _evaluation(
+        self, evaluation: EvalSet[S], step: int, label: str
+    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """One evaluation set's groups on the served model, and their summary."""
+        groups = await self._gather(
+            evaluation.scenarios, evaluation.split, step, "val", evaluation.samples,
+            f"eval {label} ({evaluation.split})",
+        )  # fmt: skip
+        return groups, self.summary(groups)
+
+    async def evaluate(self, label: str = "now") -> dict[str, dict[str, float]]:
+        """Every evaluation set on the model served now, outside a run (nothing is stored): each
+        split's summary, by split."""
+        step = await self.model.get_step()
+        return {e.split: (await self._evaluation(e, step, label))[1] for e in self.evals}
+
     async def _evaluate(self, step: int, label: Literal["before", "during", "after"]) -> None:
         """Each evaluation set at ``step`` that the run has not evaluated yet (a resumed run keeps
         what its earlier part evaluated); then ``on_eval``."""
@@ -691,11 +707,7 @@ class TrainingLoop(Generic[S]):
             return
         for evaluation in todo:
             self._check_interrupt()
-            groups = await self._gather(
-                evaluation.scenarios, evaluation.split, step, "val", evaluation.samples,
-                f"eval {label} ({evaluation.split})",
-            )  # fmt: skip
-            stats = self.summary(groups)
+            groups, stats = await self._evaluation(evaluation, step, label)
             done[evaluation.split] = await self.model.log(
                 groups,
                 split=evaluation.split,

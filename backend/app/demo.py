@@ -305,6 +305,14 @@ class Demo:
             resume_hint=f"Go on with: journeyman demo --resume {run_dir}",
         )  # fmt: skip
 
+    async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
+        """The held-out evaluation of the model served now, outside a run (``bench/heldout.py``)."""
+        rows = await self._loop(model, jm.TrainConfig(), None).evaluate(label)
+        evaluation = Evaluation(await model.get_step())
+        for split, values in rows.items():
+            setattr(evaluation, EVALUATION_FIELDS[split], values)
+        return evaluation
+
     def _evaluated(self, report: Any) -> None:
         """Print an evaluation; keep the first one (``demo_before.json``: the steps begin)."""
         evaluation = self._evaluation(report.step, report.rows)

@@ -297,3 +297,13 @@ async def test_a_reward_function_sync_or_async_scores_and_its_failures_are_recor
     assert groups[0].rewards == [2.0, 2.0] and not groups[0].failures
     assert [f.stage for f in groups[1].failures] == ["reward", "reward"]
     assert all(t.reward is None for t in groups[1])
+
+
+async def test_evaluate_outside_a_run_summarizes_each_set_and_stores_nothing(tmp_path: Path) -> None:
+    model, backend = await make(tmp_path)
+    rollout = Recorder(backend)
+    evals = [jm.EvalSet("val", ["q0", "q1"], samples=2), jm.EvalSet("val_odd", ["q1"])]
+    rows = await loop(model, rollout, evals=evals).evaluate()
+    assert rows["val"]["reward"] == 0.5 and rows["val_odd"]["reward"] == 0.0  # q0 even: 1, q1 odd: 0
+    assert rows["val"]["trajectories"] == 4 and model.store.read_history() == []
+    assert {c[0] for c in rollout.calls} == {"val", "val_odd"}
