@@ -19,12 +19,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import journeyman as jm
+from journeyman.store import ModelStore
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
     """One run's numbers from its history and report."""
-    store = jm.ModelStore.from_path(run_dir)
+    store = ModelStore.from_path(run_dir)
     rows = store.read_history()
     rollouts = sorted((r for r in rows if r.get("split") == "rollouts"), key=lambda r: r["step"])
     trained = [r for r in rows if r.get("split") == "train"]
@@ -48,6 +48,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         else f"{run_dir.parent.parent.name}/{run_dir.name}",
         "k": int(config.get("max_steps_off_policy", 0)),
         "tool_s": float(config.get("tool_seconds", 0.0)),
+        "seed": int(config.get("seed", 0)),
         "steps": len(rollouts),
         "minutes": minutes,
         "steps_per_min": len(rollouts) / minutes if minutes else float("nan"),
@@ -90,11 +91,19 @@ def main() -> None:
     args = parser.parse_args()
     runs = [summary(path) for path in args.runs]
     print(table(runs))
-    pairs = {(r["tool_s"], r["k"]): r for r in runs}
-    for tool in sorted({r["tool_s"] for r in runs}):
-        if (tool, 0) in pairs and (tool, 1) in pairs:
-            ratio = pairs[(tool, 1)]["steps_per_min"] / pairs[(tool, 0)]["steps_per_min"]
-            print(f"tool wait {tool:.0f} s: k=1 makes {ratio:.2f}x the steps per minute of k=0")
+    print()
+    print(ratios(runs))
+
+
+def ratios(runs: list[dict[str, Any]]) -> str:
+    """Each overlapping run's steps per minute against the k=0 run of the same tool wait and seed."""
+    alone = {(r["tool_s"], r["seed"]): r for r in runs if r["k"] == 0}
+    lines = []
+    for r in runs:
+        if r["k"] > 0 and (base := alone.get((r["tool_s"], r["seed"]))) is not None:
+            ratio = r["steps_per_min"] / base["steps_per_min"]
+            lines.append(f"{r['run']}: {ratio:.2f}x the steps per minute of {base['run']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
