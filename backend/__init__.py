@@ -14,7 +14,10 @@ Serving and training never import each other: ``local.py`` is the seam. Importin
 is light; ``LocalBackend`` loads torch and friends when first used.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports it on first use
+    from .local import LocalBackend
 
 __all__ = ["LocalBackend"]
 

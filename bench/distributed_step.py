@@ -22,13 +22,13 @@ from bench.common import machine, table
 
 
 def worker(out: Path, mode: str, threads: int, sequences: int, steps: int) -> None:
-    import journeyman as jm
     from bench.train_throughput import groups
     from journeyman.backend.training.distributed import DataParallelTrainer
     from journeyman.config import TrainConfig
+    from journeyman.store import ModelStore
 
     rank = int(os.environ.get("RANK", "0"))
-    store = jm.ModelStore("bench", "t", root=out / f"root{rank}")
+    store = ModelStore("bench", "t", root=out / f"root{rank}")
     trainer = DataParallelTrainer("smollm2-135m", store, threads=threads, fsdp=mode == "fsdp")
     trainer.load()
     resident = _resident_mib()

@@ -32,7 +32,9 @@ from typing import cast
 
 import journeyman as jm
 from bench.common import machine, serving_stack, table
+from journeyman.calibration import Calibration, calibrate_judge
 from journeyman.ruler import Method
+from journeyman.trajectory import load_group
 
 JUDGES = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 VARIANTS = [
@@ -93,7 +95,7 @@ async def calibrate(
                     method, rubric = variant.split("-")
                     chosen = cast(Method, method)
                     text = DEMO_RUBRICS[chosen] if rubric == "task" else None
-                    report = await jm.calibrate_judge(
+                    report = await calibrate_judge(
                         groups, judge, method=chosen, rubric=text, orders=2 if method == "scores" else 1
                     )
                     if reports is not None:  # each trajectory's score, for another look without a judge
@@ -114,7 +116,7 @@ async def calibrate(
                     print(f"{judge_model} {variant}:\n{report.table()}", flush=True)
 
 
-def _alignment(report: jm.Calibration, scale: str) -> str:
+def _alignment(report: Calibration, scale: str) -> str:
     cosine, noise = report.advantage_alignment(scale), report.noise_share(scale)  # type: ignore[arg-type]
     return "-" if cosine is None or noise is None else f"{cosine:.2f} ({100 * noise:.0f}%)"
 
@@ -189,7 +191,7 @@ async def measure(
     reports: Path | None = None,
 ) -> str:
     if groups_file.exists():
-        groups = [jm.load_group(line) for line in groups_file.read_text().splitlines() if line.strip()]
+        groups = [load_group(line) for line in groups_file.read_text().splitlines() if line.strip()]
     else:
         groups = await collect(questions, seed)
         groups_file.parent.mkdir(parents=True, exist_ok=True)

@@ -21,21 +21,24 @@ import journeyman as jm
 from bench.common import machine
 from journeyman.backend import LocalBackend
 from journeyman.backend.export import CHECK_PROMPTS, check_export, export_step
+from journeyman.gate import Gate, promote_if_better
+from journeyman.replay import Scenario, replay
+from journeyman.ruler import ruler_score_group
 
 
-def scenarios(count: int, seed: int) -> list[jm.Scenario]:
+def scenarios(count: int, seed: int) -> list[Scenario]:
     rng = random.Random(seed)
     found = []
     for _ in range(count):
         a, b = rng.randrange(10, 99), rng.randrange(10, 99)
         message = {"role": "user", "content": f"What is {a} plus {b}? Answer with a number."}
-        found.append(jm.Scenario((message,), source=f"trace-{a}-{b}", metadata={"answer": str(a + b)}))
+        found.append(Scenario((message,), source=f"trace-{a}-{b}", metadata={"answer": str(a + b)}))
     return found
 
 
-async def attempt(scenario: jm.Scenario, model: jm.TrainableModel) -> jm.Trajectory:
+async def attempt(scenario: Scenario, model: jm.TrainableModel) -> jm.Trajectory:
     @jm.trainable(model)
-    async def run(s: jm.Scenario, client) -> float:  # type: ignore[no-untyped-def]
+    async def run(s: Scenario, client) -> float:  # type: ignore[no-untyped-def]
         reply = await client.chat.completions.create(
             messages=list(s.messages), max_tokens=16, temperature=1.0
         )
@@ -57,21 +60,21 @@ async def main(base_model: str, steps: int, judge_model: str | None) -> None:
             judge = await backend.judge(model, judge_model, timeout=600)
 
             async def after_each(group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
-                return await jm.ruler_score_group(group, judge=judge, method="verdict")
+                return await ruler_score_group(group, judge=judge, method="verdict")
 
         async def evaluate(name: str) -> list[jm.TrajectoryGroup]:
             served = model.model_copy(update={"inference_model_name": name})
-            return await jm.replay(held, lambda s: attempt(s, served), n=1, progress=False)
+            return await replay(held, lambda s: attempt(s, served), n=1, progress=False)
 
         for _ in range(steps):
             started = time.perf_counter()
-            groups = await jm.replay(
+            groups = await replay(
                 train, lambda s: attempt(s, model), n=8, after_each=after_each, progress=False
             )
             replayed = time.perf_counter()
             result = await model.train(groups, jm.TrainConfig(learning_rate=5e-5), promote=False)
             trained = time.perf_counter()
-            decision = await jm.promote_if_better(model, result.step, evaluate, jm.Gate(min_delta=-0.05))
+            decision = await promote_if_better(model, result.step, evaluate, Gate(min_delta=-0.05))
             gated = time.perf_counter()
             known = [t.metrics.get("programmatic_reward", t.reward) or 0 for g in groups for t in g]
             reward = sum(known) / len(known)

@@ -55,6 +55,7 @@ async def ours() -> dict[str, object]:
     from bench.common import serving_stack
     from journeyman.backend.training.trainer import Trainer
     from journeyman.config import LoRAConfig, TrainConfig
+    from journeyman.store import ModelStore
 
     # Same as TRL's defaults: DAPO loss, gradient checkpointing on (unless CHECKPOINTING=0).
     checkpointing = os.environ.get("CHECKPOINTING", "1") == "1"
@@ -74,7 +75,7 @@ async def ours() -> dict[str, object]:
         tempfile.TemporaryDirectory() as tmp,
     ):
         trainer = Trainer(
-            stack.model_dir, jm.ModelStore("bench", "agent", root=tmp), lora=LoRAConfig(rank=RANK, alpha=ALPHA),
+            stack.model_dir, ModelStore("bench", "agent", root=tmp), lora=LoRAConfig(rank=RANK, alpha=ALPHA),
             threads=int(os.environ.get("TRAINER_THREADS", "2")),
             deploy=lambda path, step: stack.router.deploy("agent", path, step),
         )  # fmt: skip

@@ -17,6 +17,7 @@ import journeyman as jm
 from bench.common import machine, table
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 
 SHAPES = [(40, 64), (400, 40), (1000, 60)]
 
@@ -38,9 +39,7 @@ def measure(steps: int) -> str:
     for prompt_tokens, completion_tokens in SHAPES:
         trainers = {}
         for mode in ("shared", "separate"):
-            trainer = Trainer(
-                "smollm2-135m", jm.ModelStore("bench", mode, root=tempfile.mkdtemp()), threads=2
-            )
+            trainer = Trainer("smollm2-135m", ModelStore("bench", mode, root=tempfile.mkdtemp()), threads=2)
             trainer.load()
             if mode == "separate":
                 trainer._row_cost = lambda n: 2.0 ** min(n, 1000)  # sharing never pays

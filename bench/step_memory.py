@@ -14,6 +14,7 @@ from pathlib import Path
 
 import journeyman as jm
 from bench.common import machine
+from journeyman.store import ModelStore
 
 GIB = 2**20  # /proc/self/status counts kB
 
@@ -51,7 +52,7 @@ async def measure(steps: int = 3) -> list[tuple[float, float]]:
     from journeyman.backend.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as folder:
-        trainer = Trainer("smollm2-135m", jm.ModelStore("bench", "memory", root=folder))
+        trainer = Trainer("smollm2-135m", ModelStore("bench", "memory", root=folder))
         trainer.load()
         loaded = resident_gib()
         after = []

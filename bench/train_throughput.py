@@ -21,6 +21,7 @@ import journeyman as jm
 from bench.common import machine, table
 from journeyman.backend.training.trainer import Trainer, bf16_supported
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 
 PROMPT, COMPLETION = 40, 64
 
@@ -64,9 +65,7 @@ def measure(model: str, threads: int, sequences: int, steps: int) -> str:
     rows = []
     for precision in ("bf16", "fp32") if bf16_supported() else ("fp32",):
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(
-                model, jm.ModelStore("bench", "t", root=tmp), threads=threads, precision=precision
-            )
+            trainer = Trainer(model, ModelStore("bench", "t", root=tmp), threads=threads, precision=precision)
             trainer.load()
             # The input embedding is a lookup, not a matmul: its parameters cost no FLOPs (tied
             # to the output head, as in SmolLM2 and the 1.5B, they count once, as the head).

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import journeyman as jm
+from journeyman.store import ModelStore
 
 ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
@@ -27,7 +28,7 @@ def _rollouts(group: jm.TrajectoryGroup) -> Counter[tuple[tuple[int, ...], ...]]
 def compare(first: Path, second: Path) -> list[dict[str, int | bool]]:
     """Per trained step: rollouts, how many of them both runs sampled, and whether the
     checkpoint the step saved (``checkpoints/<step + 1>``) is byte for byte the same."""
-    runs = [jm.ModelStore.from_path(path) for path in (first, second)]
+    runs = [ModelStore.from_path(path) for path in (first, second)]
     rows: list[dict[str, int | bool]] = []
     for step in itertools.count():
         if not all((run.path / "checkpoints" / f"{step + 1:04d}").is_dir() for run in runs):

@@ -26,6 +26,7 @@ import journeyman as jm
 from bench.common import machine, summary, table
 from journeyman.backend.serving.vllm_config import free_port
 from journeyman.messages import ModelTurn
+from journeyman.store import ModelStore
 
 
 def attempt(rng: random.Random, turns: int, tokens: int) -> jm.Trajectory:
@@ -58,8 +59,8 @@ def attempt(rng: random.Random, turns: int, tokens: int) -> jm.Trajectory:
     )
 
 
-def build(root: Path, steps: int, groups: int, size: int, turns: int, tokens: int) -> jm.ModelStore:
-    store = jm.ModelStore("bench", "viewer", root=root)
+def build(root: Path, steps: int, groups: int, size: int, turns: int, tokens: int) -> ModelStore:
+    store = ModelStore("bench", "viewer", root=root)
     if store.history_path.exists():
         return store
     rng = random.Random(0)
@@ -134,7 +135,7 @@ def main() -> None:
     print(f"\nPeak memory of the viewer process (VmHWM): {int(peak) / 1024:.0f} MB.")
 
 
-def measure(url: str, store: jm.ModelStore, args: argparse.Namespace) -> list[list[str]]:
+def measure(url: str, store: ModelStore, args: argparse.Namespace) -> list[list[str]]:
     with httpx.Client(base_url=url, timeout=120) as client:
         deadline = time.monotonic() + 60
         while True:

@@ -1,153 +1,109 @@
 """journeyman: on-the-job reinforcement learning for the LLM agents you already run.
 
+``import journeyman as jm`` offers what most users need (``dir(jm)``); the rest lives in its module:
+``journeyman.judge`` and ``journeyman.ruler`` (judging), ``journeyman.calibration``,
+``journeyman.messages``, ``journeyman.errors``, ``journeyman.replay``, ``journeyman.gate``
+(promotion), ``journeyman.store``, ``journeyman.trajectory``.
+
 ``import journeyman`` is light: it never imports torch, vLLM, LangChain, CrewAI or Langfuse.
-Those live behind ``journeyman.backend`` and ``journeyman.integrations`` and their extras.
+``jm.LocalBackend`` and ``jm.trainable`` live in the outer packages and load on first use.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from journeyman.calibration import Calibration, GroupCalibration, calibrate_judge
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from journeyman._deprecated import warn
 from journeyman.config import LoRAConfig, TrainConfig
-from journeyman.data import DatasetBatch, iterate_dataset
-from journeyman.errors import (
-    AdapterError,
-    BackendError,
-    ConfigError,
-    ExportError,
-    InvalidDataError,
-    JourneymanError,
-    JudgeError,
-    MissingDependencyError,
-    ModelPreparationError,
-    RolloutError,
-    ServerStartError,
-    StorageError,
-)
-from journeyman.gate import Gate, GateDecision, promote_canary_if_better, promote_if_better
-from journeyman.gather import gather_trajectory_groups, retry
-from journeyman.judge import Judge
-from journeyman.loop import EvalSet, JudgeReward, TrainingLoop, rollout_info
-from journeyman.messages import (
-    AnyMessage,
-    AssistantMessage,
-    FunctionCall,
-    FunctionDefinition,
-    Item,
-    Message,
-    ModelTurn,
-    SystemMessage,
-    Tool,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
-from journeyman.model import Backend, Model, Registration, TrainableModel, TrainResult
-from journeyman.records import CompletionRecord
+from journeyman.data import iterate_dataset
+from journeyman.errors import ConfigError, JourneymanError
+from journeyman.gather import gather_trajectory_groups
+from journeyman.loop import EvalSet, JudgeReward, LoopResult, TrainingLoop, rollout_info
+from journeyman.model import Model, TrainableModel
 from journeyman.remote import RemoteBackend
-from journeyman.replay import (
-    Scenario,
-    read_scenarios,
-    replay,
-    scenarios_from_trajectories,
-    split_held_out,
-    write_scenarios,
-)
-from journeyman.ruler import (
-    DEFAULT_PAIRWISE_RUBRIC,
-    DEFAULT_RUBRIC,
-    DEFAULT_VERDICT_RUBRIC,
-    Judgement,
-    Score,
-    judge_trajectories,
-    ruler,
-    ruler_score_group,
-)
-from journeyman.store import ModelStore
-from journeyman.trajectory import Failure, History, Trajectory, TrajectoryGroup, load_group, load_trajectory
+from journeyman.trajectory import Trajectory, TrajectoryGroup
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time their entry points (journeyman.plugins)
+    from journeyman.backend import LocalBackend
+    from journeyman.integrations.trainable import trainable
 
-
-def __getattr__(name: str) -> Any:
-    # @jm.trainable lives with the other integrations; core finds it by its entry point (plugins).
-    if name == "trainable":
-        from journeyman.plugins import EXPORTS, load
-
-        return load(EXPORTS, name)
-    raise AttributeError(f"module 'journeyman' has no attribute {name!r}")
-
+__version__ = "0.2.0.dev0"
 
 __all__ = [
-    "DEFAULT_PAIRWISE_RUBRIC",
-    "DEFAULT_RUBRIC",
-    "DEFAULT_VERDICT_RUBRIC",
-    "AdapterError",
-    "AnyMessage",
-    "AssistantMessage",
-    "Backend",
-    "BackendError",
-    "Calibration",
-    "CompletionRecord",
     "ConfigError",
-    "DatasetBatch",
     "EvalSet",
-    "ExportError",
-    "Failure",
-    "FunctionCall",
-    "FunctionDefinition",
-    "Gate",
-    "GateDecision",
-    "GroupCalibration",
-    "History",
-    "InvalidDataError",
-    "Item",
     "JourneymanError",
-    "Judge",
-    "JudgeError",
     "JudgeReward",
-    "Judgement",
     "LoRAConfig",
-    "Message",
-    "MissingDependencyError",
+    "LocalBackend",
+    "LoopResult",
     "Model",
-    "ModelPreparationError",
-    "ModelStore",
-    "ModelTurn",
-    "Registration",
     "RemoteBackend",
-    "RolloutError",
-    "Scenario",
-    "Score",
-    "ServerStartError",
-    "StorageError",
-    "SystemMessage",
-    "Tool",
-    "ToolCall",
-    "ToolMessage",
     "TrainConfig",
-    "TrainResult",
     "TrainableModel",
     "TrainingLoop",
     "Trajectory",
     "TrajectoryGroup",
-    "UserMessage",
     "__version__",
-    "calibrate_judge",
     "gather_trajectory_groups",
     "iterate_dataset",
-    "judge_trajectories",
-    "load_group",
-    "load_trajectory",
-    "promote_canary_if_better",
-    "promote_if_better",
-    "read_scenarios",
-    "replay",
-    "retry",
     "rollout_info",
-    "ruler",
-    "ruler_score_group",
-    "scenarios_from_trajectories",
-    "split_held_out",
     "trainable",
-    "write_scenarios",
 ]
+
+_OUTER = ("LocalBackend", "trainable")
+"""Names from the outer packages, found by the ``journeyman.exports`` entry points."""
+
+_MOVED = {
+    "journeyman.calibration": ("Calibration", "GroupCalibration", "calibrate_judge"),
+    "journeyman.data": ("DatasetBatch",),
+    "journeyman.errors": (
+        "AdapterError", "BackendError", "ExportError", "InvalidDataError", "JudgeError",
+        "MissingDependencyError", "ModelPreparationError", "RolloutError", "ServerStartError",
+        "StorageError",
+    ),
+    "journeyman.gate": ("Gate", "GateDecision", "promote_canary_if_better", "promote_if_better"),
+    "journeyman.gather": ("retry",),
+    "journeyman.judge": ("Judge",),
+    "journeyman.messages": (
+        "AssistantMessage", "FunctionCall", "FunctionDefinition", "Item", "Message", "ModelTurn",
+        "Tool", "ToolCall", "UserMessage",
+    ),
+    "journeyman.model": ("Backend", "Registration", "TrainResult"),
+    "journeyman.records": ("CompletionRecord",),
+    "journeyman.replay": (
+        "Scenario", "read_scenarios", "replay", "scenarios_from_trajectories", "split_held_out",
+        "write_scenarios",
+    ),
+    "journeyman.ruler": (
+        "DEFAULT_PAIRWISE_RUBRIC", "DEFAULT_RUBRIC", "DEFAULT_VERDICT_RUBRIC", "Judgement", "Score",
+        "judge_trajectories", "ruler", "ruler_score_group",
+    ),
+    "journeyman.store": ("ModelStore",),
+    "journeyman.trajectory": ("Failure", "History", "load_group", "load_trajectory"),
+}  # fmt: skip
+"""Names ``jm`` exported in 0.1, kept with a warning until 0.3: import them from their module."""
+
+MOVED_NAMES = {name: (module, name) for module, names in _MOVED.items() for name in names} | {
+    "AnyMessage": ("journeyman.messages", "Message"),  # three unions of the same messages are one
+    "SystemMessage": ("journeyman.messages", "SystemPrompt"),  # LangChain has a SystemMessage
+    "ToolMessage": ("journeyman.messages", "ToolResult"),  # and a ToolMessage
+}
+"""Old name -> (module, name there)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OUTER:
+        from journeyman.plugins import EXPORTS, load
+
+        return load(EXPORTS, name)
+    if (moved := MOVED_NAMES.get(name)) is not None:
+        module, new = moved
+        warn(f"jm.{name}", f"`from {module} import {new}`")
+        return getattr(import_module(module), new)
+    raise AttributeError(f"module 'journeyman' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -3,7 +3,9 @@
 Give groups whose trajectories carry a known reward (a programmatic check, or labels a person
 gave) and a judge::
 
-    report = await jm.calibrate_judge(groups, judge, orders=3)
+    from journeyman.calibration import calibrate_judge
+
+    report = await calibrate_judge(groups, judge, orders=3)
     print(report.table())
     report.save("calibration.json")
     if not report.better_than_chance():

@@ -76,9 +76,11 @@ class TrainConfig(BaseModel):
     mismatch: Literal["none", "mask", "truncate"] = "none"
     """What to do with tokens whose ratio to the sampling logprob leaves [1/threshold, threshold]."""
     mismatch_threshold: float = Field(2.0, gt=1)
+    """The ratio beyond which ``mismatch`` masks or truncates a token (and its inverse below)."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the gradient norm; None disables clipping."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW's decoupled weight decay on the adapter's weights."""
     max_seq_len: int = Field(4096, gt=0)
     """Longest training sequence, in tokens."""
     overlong: Literal["truncate", "exclude"] = "truncate"
@@ -92,6 +94,7 @@ class TrainConfig(BaseModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     seed: int = 0
+    """Seeds the adapter's initial weights and the order of micro-batches, so a step repeats."""
 
     @model_validator(mode="before")
     @classmethod
@@ -130,8 +133,11 @@ class LoRAConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int = Field(8, gt=0)
+    """The rank r of each low-rank update B @ A."""
     alpha: float = Field(16.0, gt=0)
+    """Scales the update by alpha / rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in training."""
     target_modules: tuple[str, ...] | None = None
     """Module names to adapt. Default: all attention and MLP projections of llama- and qwen-style
     models (q, k, v, o, gate, up, down)."""

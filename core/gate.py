@@ -13,7 +13,7 @@ promoted step's plus ``min_delta``::
             jm.TrajectoryGroup(rollout(s, model_name) for _ in range(2)) for s in held_out
         )
 
-    decision = await jm.promote_if_better(model, result.step, evaluate, jm.Gate(min_delta=-0.02))
+    decision = await promote_if_better(model, result.step, evaluate, Gate(min_delta=-0.02))
 
 Every decision, held or promoted, is recorded in the model's ``promotions.jsonl`` with both means.
 """

@@ -1,10 +1,9 @@
 """Ctrl-C for long async runs: the first press stops the run, even where a library loses it.
 
 ``asyncio.run`` turns a first SIGINT into ``main_task.cancel()``, and a library that swallows
-that cancellation lets the run go on as if the key was never pressed: seen in 1 of 3 interrupted
-demos here. The gather and LangGraph were ruled out (0 of 1,500 cancellations at random moments
-lost); AnyIO's cancel scopes, under every httpx call, can swallow a native cancellation that lands
-in the same loop iteration as their own (agronholm/anyio#1214, open). :class:`Interrupt` keeps
+that cancellation lets the run go on as if the key was never pressed. The gather and LangGraph
+do not lose it; AnyIO's cancel scopes, under every httpx call, can swallow a native cancellation
+that lands in the same loop iteration as their own (agronholm/anyio#1214, open). :class:`Interrupt` keeps
 the press itself, so the run also stops at its next :meth:`check`. A second press raises
 ``KeyboardInterrupt`` at once, as ``asyncio.run`` does.
 """

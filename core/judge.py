@@ -2,9 +2,11 @@
 
 ::
 
-    judge = jm.Judge(model="o4-mini", base_url="https://api.openai.com/v1", api_key=key)
-    judge = jm.Judge(model="base", base_url=f"{gateway}/v1")          # the local base model
-    judge = jm.Judge(chat_model=ChatOpenAI(model="o4-mini"))          # any LangChain chat model
+    from journeyman.judge import Judge
+
+    judge = Judge(model="o4-mini", base_url="https://api.openai.com/v1", api_key=key)
+    judge = Judge(model="base", base_url=f"{gateway}/v1")          # the local base model
+    judge = Judge(chat_model=ChatOpenAI(model="o4-mini"))          # any LangChain chat model
 
 A :class:`Judge` sends one chat request and returns the reply's text. It bounds the time of each
 call and the number of calls in flight, and says which errors are worth a retry; what counts as a

@@ -1,24 +1,21 @@
 """Probes for a judge: attempts a policy can learn to make, which must score below the attempt they
 were made from.
 
-A judge that ranks the base policy's attempts well can still be fooled by what training finds next.
-Measured on the email-search example (bench/results.md): the 1.5B verdict judge ordered 97% of the
-base policy's pairs right, and a policy trained on its P(yes) learned to write answers as prose
-without calling a tool, which it scored up to 0.80. Calibration on the groups alone could not see
-it: they held no such attempt.
+A judge that ranks the base policy's attempts well can still be fooled by what training finds next:
+a policy trained on a small verdict judge's P(yes) can learn to write its answer as prose without
+calling a tool (the email-search example's policy did), which such a judge scores highly.
+Calibration on the groups alone cannot see it: they hold no such attempt.
 
 :func:`made_up_answers` makes such attempts from a successful one: the same request and the same
 final answer with the tool calls and results that led to it left out (:func:`without_the_work`),
 and, when the answer was given through a tool call, the same answer written as text with no call at
 all (:func:`as_text`), the form the email policy found. For a tool-using task each is a made-up
 answer (right only by luck, or copied from somewhere else), and a judge that rewards the work, not
-the claim, scores it lower. The opposite hack came next on the same task: the work without the
-answer (:func:`without_the_answer`), an attempt that searched and read the right email and then
-ended with an empty reply, which the judge scored as high as the answers in that run (0.47 against
-0.46); on 3 groups of a later known-answer run, the 1.5B's verdicts gave it 0.68 against its
-successes' 0.73, all 13 below but by a thin margin (the made-up answers 0.37 and 0.49). :func:`probes` gives all of
+the claim, scores it lower. The opposite hack is the work without the answer
+(:func:`without_the_answer`): an attempt that searched and read the right email and then ended with
+an empty reply, which a small judge can score close to a real success. :func:`probes` gives all of
 them; ``calibrate_judge(probes=True)`` judges them beside each group and counts how often the
-success scores higher.
+success scores higher (the measurements behind these probes: see docs/results/).
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ Be brief: one or two sentences. Do not work out what a tool would return."""
 
 REFERENCE_QUESTION = "How should the agent do this task?"
 REFERENCE_TOKENS = 64
-"""The longest reference: at ~5 tokens/s (the 1.5B on 2 cores) a longer one costs more than the judging."""
+"""The longest reference: a small judge decodes slowly on CPU, and a longer reference would cost more
+than the judging it prepares."""
 
 RUBRICS = {"scores": DEFAULT_RUBRIC, "verdict": DEFAULT_VERDICT_RUBRIC, "pairwise": DEFAULT_PAIRWISE_RUBRIC}
 
@@ -255,18 +256,13 @@ def _outcome(conversations: list[Conversation], shared: int) -> str | None:
     and a call that does not fit the request sits next to it. None for an attempt with no tools and
     no tool results (saying "none" would read as a failure).
 
-    Measured on the demo's groups (the 1.5B, verdicts, the demo's rubric): with the tool results and the final message,
-    P(yes) for answers written after a fake ``<tool_response>`` fell from 0.78 to 0.48 on average;
-    with the request and the calls' arguments as well, the pairs it ranked right in groups where the
-    policy called multiply for sums rose from 65% to 75%. On the email example, the 1.5B believed
-    made-up answers written as prose with no call ("The tracking number ... is T456.") as much as
-    real successes until the line said outright that nothing was looked up: mean P(yes) 0.64
-    against 0.69 before, 0.48 against 0.69 after (verdicts; with the example's two criteria 0.26
-    against 0.48, and all 24 made-up answers below every success). A call that got no result (the
-    example's ``answer``, which ends an attempt) is left out: listed as "answer {...} -> no result",
-    or "(no result: the attempt ended with this call)", it read as a failure, and on 3 email groups
-    the successes' mean P(yes) fell from 0.73 to 0.37 and 0.47, pairs ranked right from 51 to 42
-    and 41 of 55."""
+    Each part is there for a small judge: with the tool results and the final message beside each
+    other, it believes an answer written after a fake ``<tool_response>`` less; with the request and
+    the calls' arguments as well, it ranks attempts that call the wrong tool for the request lower.
+    The line saying outright that nothing was looked up is what makes it doubt a made-up answer written as
+    prose with no call at all. A call that got no result (such as an ``answer`` tool that ends the
+    attempt) is left out: listed with "no result", it reads as a failure and pulls real successes
+    down. Chosen by measurement; see docs/results/."""
     calls: dict[str, str] = {}
     results = []
     for k, conversation in enumerate(conversations):

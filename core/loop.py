@@ -52,6 +52,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import time
@@ -90,6 +91,9 @@ S = TypeVar("S")
 
 STATE_FILE = "loop.json"
 """Written in the run's folder when a loop first starts it: a later run on the same root resumes."""
+MAX_STEPS_ENV = "JOURNEYMAN_MAX_STEPS"
+"""Set to N, a run trains at most N steps past where it starts, whatever its budget: a smoke run of
+any training script (``JOURNEYMAN_MAX_STEPS=1 python train.py``). The docs' snippets run this way."""
 
 Summary = Callable[[Sequence[TrajectoryGroup]], dict[str, float]]
 Hook = Callable[[Any], Any]
@@ -134,8 +138,11 @@ class EvalSet(Generic[S]):
     """A held-out evaluation: ``samples`` rollouts of each scenario, logged under ``split``."""
 
     split: str
+    """Its name in the history (``val/reward``...) and the trajectories' folder."""
     scenarios: Sequence[S]
+    """What each rollout of it is asked, as for training."""
     samples: int = 1
+    """Rollouts of each scenario (more than one: a sampled success rate)."""
 
     def __post_init__(self) -> None:
         if self.samples < 1 or not self.scenarios:
@@ -150,14 +157,23 @@ class JudgeReward:
     ``judge_weight x score + reward_weight x`` the programmatic reward the rollout set."""
 
     judge: Judge
+    """The judge that scores (:class:`~journeyman.judge.Judge`; a LocalBackend's ``start_judge``)."""
     rubric: str | None = None
+    """What a good attempt does; default: the method's own rubric."""
     method: Method = "scores"
+    """``scores``, ``verdict`` or ``pairwise`` (:data:`~journeyman.ruler.Method`)."""
     reference: bool = False
+    """The judge first writes how the task should be done, and checks each attempt against it."""
     reward_from: RewardFrom = "score"
+    """The judge's score, the rank in the group, or 1 for the group's best (:data:`~journeyman.ruler.RewardFrom`)."""
     criteria: Sequence[str] | None = None
+    """Yes/no questions asked of each attempt instead of whether it achieved the goal (verdicts)."""
     fallback: float | None = None
+    """The score of every attempt of a group the judge failed to judge; None leaves them untrained."""
     judge_weight: float = 1.0
+    """Weight of the judge's part of the reward."""
     reward_weight: float = 0.0
+    """Weight of the reward the rollout or ``reward=`` set."""
     calibrate: bool = False
     """Before it scores the first step, rank that step's groups with the judge against their
     programmatic rewards (written to ``judge_calibration.json``) and stop when it ranks no better
@@ -335,6 +351,7 @@ class TrainingLoop(Generic[S]):
         self._calibrated = True
         self._train_started = 0.0
         self._interrupt: Interrupt | None = None
+        self._last_step: int | None = None  # steps, or fewer under JOURNEYMAN_MAX_STEPS (set by _train)
 
     # -- what users call ---------------------------------------------------------------------------
 
@@ -368,6 +385,7 @@ class TrainingLoop(Generic[S]):
     # -- the run -----------------------------------------------------------------------------------
 
     async def _run(self) -> LoopResult:
+        self._last_step = _last_step(self.steps, await self.model.get_step(), os.environ.get(MAX_STEPS_ENV))
         started_step, resumed = self._start_state(await self.model.get_step())
         if (url := self._viewer_url()) is not None:
             self._say(f"viewer: {url}")
@@ -428,7 +446,7 @@ class TrainingLoop(Generic[S]):
 
     def _out_of_budget(self, step: int) -> str | None:
         """Why no step ``step`` (0-based) is trained, or None while the budget allows it."""
-        if self.steps is not None and step >= self.steps:
+        if self._last_step is not None and step >= self._last_step:
             return "steps"
         if self.max_minutes is not None and (time.monotonic() - self._train_started) / 60 >= self.max_minutes:
             return "minutes"
@@ -758,6 +776,20 @@ class TrainingLoop(Generic[S]):
         if self.console is not None and self._live:
             return self.console.status(line)
         return contextlib.nullcontext()
+
+
+def _last_step(steps: int | None, first: int, cap: str | None) -> int | None:
+    """The step a run that starts after step ``first`` stops at: ``steps``, or fewer under the
+    :data:`MAX_STEPS_ENV` cap (None: no limit by steps)."""
+    if cap is None or not cap.strip():
+        return steps
+    try:
+        most = int(cap)
+    except ValueError:
+        most = -1
+    if most < 0:
+        raise ConfigError(f"{MAX_STEPS_ENV}={cap!r}: give a whole number of steps (0 or more), or unset it")
+    return first + most if steps is None else min(steps, first + most)
 
 
 def _metric(rows: dict[str, dict[str, Any]], metric: str) -> float | None:

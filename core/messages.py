@@ -22,10 +22,10 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from journeyman._deprecated import warn
 from journeyman.errors import InvalidDataError
 
 __all__ = [
-    "AnyMessage",
     "AssistantMessage",
     "ContentPart",
     "FunctionCall",
@@ -34,10 +34,10 @@ __all__ = [
     "Message",
     "ModelTurn",
     "StreamedReply",
-    "SystemMessage",
+    "SystemPrompt",
     "Tool",
     "ToolCall",
-    "ToolMessage",
+    "ToolResult",
     "UserMessage",
     "item_message",
 ]
@@ -105,7 +105,9 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class SystemMessage(_Strict):
+class SystemPrompt(_Strict):
+    """A ``system`` or ``developer`` message: the instructions the model is given."""
+
     role: Literal["system", "developer"] = "system"
     content: Content
     name: str | None = None
@@ -128,7 +130,9 @@ class AssistantMessage(_Strict):
     """Reasoning text, for servers that return it separately (vLLM reasoning parsers)."""
 
 
-class ToolMessage(_Strict):
+class ToolResult(_Strict):
+    """A ``tool`` message: what a tool call returned."""
+
     role: Literal["tool"] = "tool"
     tool_call_id: str
     """The ``id`` of the tool call this message answers."""
@@ -238,10 +242,10 @@ def _message_tag(value: Any) -> str | None:
 _MESSAGE_ERROR = "not a chat message: a message needs a 'role' of system, developer, user, assistant or tool"
 
 Item: TypeAlias = Annotated[
-    Annotated[SystemMessage, Tag("system")]
+    Annotated[SystemPrompt, Tag("system")]
     | Annotated[UserMessage, Tag("user")]
     | Annotated[AssistantMessage, Tag("assistant")]
-    | Annotated[ToolMessage, Tag("tool")]
+    | Annotated[ToolResult, Tag("tool")]
     | Annotated[ModelTurn, Tag("model_turn")],
     Discriminator(
         _item_tag,
@@ -252,22 +256,32 @@ Item: TypeAlias = Annotated[
 """An entry of a conversation: a message, or a model turn."""
 
 Message: TypeAlias = Annotated[
-    Annotated[SystemMessage, Tag("system")]
+    Annotated[SystemPrompt, Tag("system")]
     | Annotated[UserMessage, Tag("user")]
     | Annotated[AssistantMessage, Tag("assistant")]
-    | Annotated[ToolMessage, Tag("tool")],
+    | Annotated[ToolResult, Tag("tool")],
     Discriminator(
         _message_tag,
         custom_error_type="invalid_message",
         custom_error_message=_MESSAGE_ERROR,
     ),
 ]
-"""A plain chat message, told apart by its ``role``."""
+"""A plain chat message, told apart by its ``role`` (the one message type: in annotations, and to
+validate a dict with ``pydantic.TypeAdapter(Message)``)."""
 
-AnyMessage: TypeAlias = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+_RENAMED = {"SystemMessage": "SystemPrompt", "ToolMessage": "ToolResult", "AnyMessage": "Message"}
+"""Names of 0.1, kept with a warning until 0.3. LangChain has classes of the first two names and
+``AnyMessage``; an agent's file imports both."""
 
 
-def item_message(item: AnyMessage | ModelTurn) -> AnyMessage:
+def __getattr__(name: str) -> Any:
+    if (new := _RENAMED.get(name)) is not None:
+        warn(f"journeyman.messages.{name}", new)
+        return globals()[new]
+    raise AttributeError(f"module 'journeyman.messages' has no attribute {name!r}")
+
+
+def item_message(item: Message | ModelTurn) -> Message:
     """The chat message of a conversation entry (a model turn's assistant message)."""
     return item.message if isinstance(item, ModelTurn) else item
 

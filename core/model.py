@@ -46,8 +46,12 @@ class Registration:
 
 @dataclass
 class TrainResult:
+    """What a training step did."""
+
     step: int
+    """The model's step after it (the checkpoint it wrote)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """The step's ``train`` row of the history (docs: Reference > Metrics)."""
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ score) or any stored trajectories, dropping repeats; :func:`read_scenarios` from
 :func:`replay` runs the user's own agent ``n`` times on each, and every trajectory of a group
 names the trace it came from (``metadata["source_trace"]``)::
 
-    scenarios = jm.scenarios_from_trajectories(import_trajectories(tags=["prod"], from_time=...))
-    train, held_out = jm.split_held_out(scenarios, share=0.1)
-    groups = await jm.replay(train[:32], agent, n=8, after_each=judge)
+    from journeyman.replay import replay, scenarios_from_trajectories, split_held_out
+
+    scenarios = scenarios_from_trajectories(import_trajectories(tags=["prod"], from_time=...))
+    train, held_out = split_held_out(scenarios, share=0.1)
+    groups = await replay(train[:32], agent, n=8, after_each=judge)
     await model.train(groups)
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from journeyman._deprecated import callable_module
 from journeyman.errors import InvalidDataError
 from journeyman.gather import AfterEach, gather_trajectory_groups
 from journeyman.trajectory import JsonScalar, Trajectory, TrajectoryGroup
@@ -210,3 +213,6 @@ async def replay(
         [group for group, _ in by_group.values()], max_exceptions=max_exceptions, after_each=label,
         description="replay", progress=progress,
     )  # fmt: skip
+
+
+callable_module(__name__, replay)  # jm.replay(...) of 0.1

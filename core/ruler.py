@@ -4,10 +4,10 @@ GRPO needs only relative rewards within a group, and a judge ranks several attem
 task more reliably than it scores one attempt alone. So a task with no programmatic success
 check can still be trained on::
 
-    judge = jm.Judge(model="base", base_url=f"{gateway_url}/v1")
+    judge = Judge(model="base", base_url=f"{gateway_url}/v1")
     groups = await jm.gather_trajectory_groups(
         (jm.TrajectoryGroup(rollout(s) for _ in range(4)) for s in scenarios),
-        after_each=lambda group: jm.ruler_score_group(group, judge=judge),
+        after_each=lambda group: ruler_score_group(group, judge=judge),
     )
 
 What the judge sees: the tools, one line each, once when all histories share them (else with each
@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack, get_args
 
+from journeyman._deprecated import callable_module
 from journeyman.errors import ConfigError, InvalidDataError
 from journeyman.judge import Judge
 from journeyman.judge_calls import ask_pairwise, ask_reference, ask_scores, ask_verdicts
@@ -91,12 +92,12 @@ rank; or ``best``: 1 for the trajectories with the group's highest score (all of
 tie), 0 for the others.
 
 GRPO only compares attempts within a group, and a small judge orders attempts better than it spaces
-them. The 1.5B verdict judge gave a sum answered with ``multiply`` P(yes) 0.95 beside ``add``'s 0.96
-and a made-up answer's 0.14: its scores leave an attempt with the wrong operation near the group's
-mean, so a policy that calls ``multiply`` for everything is rewarded for it on products and barely
-penalised on sums, and the demo's judged runs collapsed to it. Ranks spread the near-ties but still
-leave the wrong operation above other failures; ``best`` treats every attempt short of the best as
-a failure, as a programmatic check does (bench/results.md)."""
+them: its scores can leave an attempt with the wrong operation (a sum answered with ``multiply``)
+close to the right one and far above a made-up answer, so near the group's mean. A policy that
+calls ``multiply`` for everything is then rewarded for it on products and barely penalised on sums,
+and training can collapse to it. Ranks spread the near-ties but still leave the wrong operation
+above other failures; ``best`` treats every attempt short of the best as a failure, as a
+programmatic check does (chosen by measurement; see docs/results/)."""
 
 _METHODS = get_args(Method)
 _REWARD_FROM = get_args(RewardFrom)
@@ -358,3 +359,6 @@ def _check_criteria(criteria: Sequence[str] | None, method: Method) -> None:
         )
     if not criteria or not all(isinstance(c, str) and c.strip() for c in criteria):
         raise ConfigError(f"criteria must be non-empty questions, at least one, got {list(criteria)!r}")
+
+
+callable_module(__name__, ruler)  # jm.ruler(...) of 0.1

@@ -7,8 +7,8 @@ or ``root=`` says otherwise)::
         trajectories/<split>/<step:04d>.jsonl   one TrajectoryGroup per line
         history.jsonl                           one row of metrics per logged step
         checkpoints/<step:04d>/                 adapter + optimizer + trainer state
-        records/completions.jsonl               the gateway's record of every completion
-        logs/                                   server logs
+    <root>/gateway/completions.jsonl            a LocalBackend gateway's record of every completion
+    <root>/logs/                                its servers' logs
 
 Every write is atomic: data goes to a hidden temporary file (or folder) next to its target,
 is flushed to disk, then renamed over the target. Readers never see half-written data, and

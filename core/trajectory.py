@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator
 
 from journeyman.errors import InvalidDataError, RolloutError
-from journeyman.messages import AnyMessage, Item, ModelTurn, Tool, item_message
+from journeyman.messages import Item, Message, ModelTurn, Tool, item_message
 
 __all__ = [
     "Failure",
@@ -112,7 +112,7 @@ class History(_Record):
             raise InvalidDataError(format_validation_error(error, "conversation item")) from None
 
     @property
-    def messages(self) -> list[AnyMessage]:
+    def messages(self) -> list[Message]:
         """The conversation as plain chat messages (model turns become their assistant message)."""
         return [item_message(item) for item in self.conversation]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from journeyman.errors import InvalidDataError
 from journeyman.integrations._langfuse_read import KEY, SCHEMA
-from journeyman.messages import ModelTurn, ToolMessage
+from journeyman.messages import ModelTurn, ToolResult
 from journeyman.trajectory import History
 
 __all__ = ["export_history", "final_message", "history_info", "payload", "prompt_of"]
@@ -52,7 +52,7 @@ def export_history(parent: Any, history: History) -> None:
     answers = {
         item.tool_call_id: item.model_dump(mode="json")["content"]
         for item in history.messages
-        if isinstance(item, ToolMessage)
+        if isinstance(item, ToolResult)
     }
     for index, item in enumerate(history.conversation):
         if isinstance(item, ModelTurn):

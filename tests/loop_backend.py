@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import journeyman as jm
-from journeyman.model import ServingState
+from journeyman.model import Registration, ServingState, TrainResult
 
 
 class CountingBackend:
@@ -26,17 +26,17 @@ class CountingBackend:
         self.waited: list[bool] = []
         """``judges`` of each ``wait_serving`` call."""
 
-    async def register(self, model: jm.TrainableModel) -> jm.Registration:
+    async def register(self, model: jm.TrainableModel) -> Registration:
         latest = model.store.latest_checkpoint()
         self.step = latest[0] if latest else 0
-        return jm.Registration(base_url="http://127.0.0.1:9/v1", api_key="-", step=self.step)
+        return Registration(base_url="http://127.0.0.1:9/v1", api_key="-", step=self.step)
 
     async def get_step(self, model: jm.TrainableModel) -> int:
         return self.step
 
     async def train(
         self, model: jm.TrainableModel, groups: Sequence[jm.TrajectoryGroup], config: Any, **_: Any
-    ) -> jm.TrainResult:
+    ) -> TrainResult:
         if self.fail_next_train is not None:
             error, self.fail_next_train = self.fail_next_train, None
             raise error
@@ -47,7 +47,7 @@ class CountingBackend:
             (folder / "adapter.txt").write_text(str(self.step))
         self.trained.append(list(groups))
         model.store.append_history({"step": self.step, "split": "train", "loss": 0.0})
-        return jm.TrainResult(step=self.step, metrics={"loss": 0.0})
+        return TrainResult(step=self.step, metrics={"loss": 0.0})
 
     async def list_checkpoints(self, model: jm.TrainableModel) -> list[int]:
         return model.store.checkpoint_steps()

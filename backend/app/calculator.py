@@ -136,7 +136,8 @@ DEMO_RUBRIC = (
 - Every success must score clearly higher than every failure; among successes, fewer tool calls and words score higher."""
 )
 """The demo's rubric for RULER scores: it says what success is, and how to check it without arithmetic
-(the 1.5B judge gave "23 * 22 = 56" written without a tool 0.94, and taught the policy to skip tools)."""
+(else a small judge believes an answer written without a tool, such as "23 * 22 = 56", and teaches the
+policy to skip tools)."""
 
 DEMO_VERDICT_RUBRIC = """\
 - The task is one arithmetic question, and the agent must compute with its tools. It achieved the goal only if it \
@@ -145,8 +146,8 @@ final message states the number that call returned.
 - An attempt that got no tool result, ends without a final answer, uses other numbers or the wrong operation, or \
 states another number did not achieve it, however it reads."""
 """The same for verdicts, which end with the attempt's outcome (the request, each tool call with its
-result, the final message): the rubric names the operation, since with "add or multiply" the 1.5B passed products
-answering sums (P(yes) 0.94)."""
+result, the final message): the rubric names the operation, since with "add or multiply" a small judge passes
+products answering sums."""
 
 DEMO_PAIRWISE_RUBRIC = (
     _DEMO_SUCCESS

@@ -43,6 +43,37 @@ app.command("canary")(canary)
 app.command("replay")(replay)
 
 
+@app.command("setup")
+def setup(
+    cuda: Annotated[
+        bool | None,
+        typer.Option(
+            "--cuda/--cpu",
+            help="vLLM for CUDA GPUs or for the CPU (default: CUDA where nvidia-smi lists a GPU).",
+        ),
+    ] = None,
+    path: Annotated[
+        Path | None,
+        typer.Option(help="Where (default: $JOURNEYMAN_HOME/venvs/vllm, where journeyman looks)."),
+    ] = None,
+    python: Annotated[str, typer.Option(help="The Python to make it with (3.10-3.13).")] = "python3",
+    dry_run: Annotated[bool, typer.Option(help="Print the commands, build nothing.")] = False,
+) -> None:
+    """Build the vLLM server's own environment from the versions journeyman pins (vLLM cannot share
+    one with CrewAI; journeyman starts it as a subprocess). Does nothing when it is up to date."""
+    from ..serving.vllm_environment import Flavor, VLLMEnvironment
+
+    flavor: Flavor | None = None if cuda is None else ("cuda" if cuda else "cpu")
+    environment = VLLMEnvironment.default(flavor, python, path.expanduser() if path else None)
+    if dry_run:
+        for command in environment.commands():
+            typer.echo(" ".join(command))
+        return
+    environment.build(say=typer.echo)
+    if environment.path != VLLMEnvironment.default(flavor, python).path:
+        typer.echo(f"tell journeyman where it is: export JOURNEYMAN_VLLM_PYTHON={environment.venv_python}")
+
+
 @model_app.command("prepare")
 def model_prepare(
     name: Annotated[

@@ -186,7 +186,8 @@ def judge_calibrate(
     import os
 
     import journeyman as jm
-    from journeyman.calibration import known_reward
+    from journeyman.calibration import Calibration, calibrate_judge, known_reward
+    from journeyman.judge import Judge
     from journeyman.ruler import Method
 
     if method not in get_args(Method):
@@ -202,12 +203,10 @@ def judge_calibrate(
     key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
     text = rubric.read_text() if rubric is not None else None
 
-    async def calibrate() -> jm.Calibration:
-        judge = jm.Judge(
-            judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache"
-        )
+    async def calibrate() -> Calibration:
+        judge = Judge(judge_model, base_url=judge_base_url, api_key=key, cache_dir=store.root / "judge_cache")
         async with judge:
-            return await jm.calibrate_judge(
+            return await calibrate_judge(
                 groups, judge, orders=orders, rubric=text, method=cast(Method, method), truth=truth,
                 reference=reference, probes=probes,
             )  # fmt: skip

@@ -6,14 +6,13 @@ one-line :class:`~journeyman.integrations.langgraph.TrajectoryTracer`. The demo 
 held-out set, runs GRPO steps (groups of rollouts per question, reward 1 for the right final
 number), redeploys the adapter after each step, evaluates again and prints the two side by side.
 
-What the base model does (bench/results.md): with no worked examples in the prompt it never
-calls a tool, so the prompt carries four; at temperature 0.7 about a third of samples then call
-the right tool and state its result, which gives GRPO groups with both successes and failures.
-Qwen2.5-Coder-0.5B calls the right tool zero-shot but then calls again on the tool's result
-instead of answering, in every sampled run: zero-shot groups alone have no success to learn
-from. So by default half of each step's groups carry the worked examples (``worked_share``),
-where it answers a quarter of the time, and what it learns there can carry over to the zero-shot
-prompt: in one 30-minute run it did within 4 steps, in another it did not (bench/results.md).
+What the base models do: SmolLM2 with no worked examples in the prompt never calls a tool, so the
+prompt carries four; at temperature 0.7 some of its samples then call the right tool and state its
+result, which gives GRPO groups with both successes and failures. Qwen2.5-Coder-0.5B calls the
+right tool zero-shot but then calls again on the tool's result instead of answering: zero-shot
+groups alone have no success to learn from. So for such models half of each step's groups carry
+the worked examples by default (``worked_share``), where it does answer, and what it learns there
+can carry over to the zero-shot prompt, though not in every run (see docs/results/).
 Mixing both prompts inside a group teaches the wrong thing instead: the zero-shot rollouts, failing
 beside the successes with examples, are pushed away from calling a tool at all.
 """
@@ -32,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import journeyman as jm
 from journeyman.errors import ConfigError, MissingDependencyError
+from journeyman.judge import Judge
 from journeyman.loop import restore_rollout_rows as loop_rows
 from journeyman.loop import rollout_seed
-from journeyman.store import atomic_write
+from journeyman.store import ModelStore, atomic_write
 
 try:
     import httpx
@@ -79,7 +79,7 @@ BEFORE_FILE = "demo_before.json"
 """The held-out evaluation before training, kept so a resumed run reports against it."""
 
 
-def restore_rollout_rows(store: jm.ModelStore) -> list[int]:
+def restore_rollout_rows(store: ModelStore) -> list[int]:
     """:func:`journeyman.loop.restore_rollout_rows` with the demo's summary of each step."""
     return loop_rows(store, summarize)
 
@@ -93,7 +93,7 @@ def resume_config(run_dir: Path) -> DemoConfig:
             "(ROOT/demo/NAME), of a run this version started"
         )
     saved = json.loads(path.read_text())
-    store = jm.ModelStore.from_path(run_dir)
+    store = ModelStore.from_path(run_dir)
     saved.update(root=store.root, project=store.project, name=store.model)
     return DemoConfig(**saved)
 
@@ -122,7 +122,7 @@ class Demo:
         self.console: Any = None
         self.interrupt = Interrupt()
         self.backend: LocalBackend | None = None
-        self.run_dir = jm.ModelStore(config.project, self.name, root=config.root).path
+        self.run_dir = ModelStore(config.project, self.name, root=config.root).path
         self.hinted = False
         """The training loop said how to resume after a Ctrl-C."""
         share = config.worked_share
@@ -167,11 +167,11 @@ class Demo:
         c = self.config
         return c.judge_base_url is None and self.judge_model == c.base_model
 
-    async def _judge(self, model: jm.TrainableModel, backend: LocalBackend) -> jm.Judge:
+    async def _judge(self, model: jm.TrainableModel, backend: LocalBackend) -> Judge:
         c = self.config
         if c.judge_base_url is not None:
             key = os.environ.get("JOURNEYMAN_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-            return jm.Judge(
+            return Judge(
                 c.judge_model, base_url=c.judge_base_url, api_key=key, cache_dir=backend.root / "judge_cache"
             )
         if self.judge_is_policy_base:  # the base weights on the demo's own server, through the gateway
@@ -409,9 +409,15 @@ class Demo:
     ) -> dict[str, Any]:
         """Print the table, the summary and where things are; write ``demo_report.json``."""
         c = self.config
-        png = plot_demo(
-            model.store.read_history(), model.store.path / "demo_curve.png", title=f"{c.project}/{self.name}"
-        )
+        try:  # the picture needs matplotlib (the bench extra): without it the run still reports
+            png: Path | None = plot_demo(
+                model.store.read_history(),
+                model.store.path / "demo_curve.png",
+                title=f"{c.project}/{self.name}",
+            )
+        except MissingDependencyError as error:
+            png = None
+            self.console.print(f"[yellow]no reward curve: {error}[/yellow]")
         self.console.print(evaluation_table(before, after, c.temperature))
         summary = summary_line(before, after, c.temperature, c.zero_shot_eval) + (
             f"after {after.step - before.step} steps in {train_minutes:.1f} min of training "
@@ -419,13 +425,14 @@ class Demo:
         )
         self.console.print(f"[bold green]{summary}[/bold green]")
         self.console.print(
-            f"reward curve: {png}\ntrajectories: {model.store.path} (journeyman trajectories show {c.project} {self.name})"
+            (f"reward curve: {png}\n" if png else "")
+            + f"trajectories: {model.store.path} (journeyman trajectories show {c.project} {self.name})"
         )
         report = {
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(c).items()},
             "name": self.name, "worked_share": self.worked_share, "before": asdict(before), "after": asdict(after),
             "train_minutes": train_minutes, "total_minutes": (time.monotonic() - started) / 60,
-            "png": str(png), "summary": summary,
+            "png": str(png) if png else None, "summary": summary,
         }  # fmt: skip
         (model.store.path / "demo_report.json").write_text(json.dumps(report, indent=2))
         return report
@@ -442,7 +449,7 @@ def run_demo(config: DemoConfig, *, resume: bool = False) -> dict[str, Any]:
         if not demo.hinted:  # stopped before its training loop ran
             from rich.console import Console
 
-            run_dir = jm.ModelStore(config.project, demo.name, root=config.root).path
+            run_dir = ModelStore(config.project, demo.name, root=config.root).path
             Console(stderr=True).print(
                 f"\ninterrupted; the completed steps are kept. Go on with: journeyman demo --resume {run_dir}"
             )

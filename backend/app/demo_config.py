@@ -15,9 +15,8 @@ __all__ = ["DEFAULT_JUDGE_MODEL", "DemoConfig"]
 SERVING_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 DEFAULT_JUDGE_MODEL = "qwen2.5-coder-1.5b"
-"""The demo's local judge: with verdicts, it ranked 87% of the demo's pairs right, the smaller
-models at most 72%, and 30 minutes trained on its verdicts (each group's best attempts rewarded)
-took held-out success from 37% to 95% (bench/results.md)."""
+"""The demo's local judge: of the embedded models, the one whose verdicts rank the demo's attempts
+best and train the policy furthest (chosen by measurement; see docs/results/)."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,8 @@ class DemoConfig:
     rank: int = 8
     gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass. None: on for models other than SmolLM2 and
-    whenever a judge has a server of its own: the 0.5B's fp32 activations for a 4096-token
-    micro-batch take ~10 GB, which next to its vLLM server ran a 24 GiB machine out of memory,
-    and SmolLM2's training step (8.7 GB) beside the 1.5B judge's fp32 server (11.7 GB) and the
-    policy's (4.8 GB) did the same (bench/results.md)."""
+    whenever a judge has a server of its own, where the training step's activations beside the
+    vLLM servers can otherwise run the machine out of memory."""
     shaping: float = 0.0
     judge: Literal["none", "ruler"] = "none"
     """``ruler``: an LLM judge ranks each training group, and its score is the reward."""
@@ -50,7 +47,7 @@ class DemoConfig:
     """The judge: with ``judge_base_url``, the model name that endpoint serves; else a local model
     (an embedded alias, a folder or a hub name) on a vLLM server of its own beside the policy's, or
     the policy's own base model, which the policy's server answers as well. None:
-    :data:`DEFAULT_JUDGE_MODEL`, which calibration on the demo's groups favours (bench/results.md)."""
+    :data:`DEFAULT_JUDGE_MODEL`, which calibration on the demo's groups favours."""
     judge_base_url: str | None = None
     """An OpenAI-compatible endpoint for the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."""
     judge_method: Method = "verdict"
@@ -62,10 +59,9 @@ class DemoConfig:
     judge_reward: RewardFrom = "best"
     """What the reward is made of: the judge's score, each attempt's rank in its group by score,
     or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``).
-    ``best``: with the 1.5B's verdicts, 30 minutes took held-out success from 37% to 95%, where its
-    scores collapsed the policy to calling ``multiply`` for every question (38% to 50%) and so did
-    its ranks within 11 steps: the judge puts the right operation above the wrong one, but only by
-    P(yes) 0.96 to 0.95 (bench/results.md)."""
+    ``best`` by default: the judge puts the right operation above the wrong one only just, so its
+    scores and ranks let the policy collapse to calling ``multiply`` for every question
+    (``journeyman.ruler.RewardFrom``)."""
     judge_anyway: bool = False
     """Train with the judge even when, calibrated on the first step's groups against the
     programmatic check, it ranks no better than chance (the demo stops otherwise)."""
@@ -73,10 +69,9 @@ class DemoConfig:
     """With a judge: reward = judge score + reward_weight x the programmatic reward (1 right, 0 wrong)."""
     scale_rewards: Scale | None = None
     """Divide advantages by the group's reward std, the batch's, or nothing (None: the trainer's
-    default, ``group``). Measured on the demo's groups with the 1.5B judge's verdicts, group
-    scaling gave advantages closer to the programmatic check's (cosine 0.62) than batch scaling
-    (0.40): the judge ranks within a group well, but its P(yes) is high for most attempts, so the
-    size of a group's spread says little (calibration's advantage alignment; bench/results.md)."""
+    default, ``group``). With a judge, group scaling keeps advantages closer to the programmatic
+    check's (calibration's advantage alignment): a judge ranks within a group well, but its P(yes)
+    is high for most attempts, so the size of a group's spread says little."""
     langfuse: bool = False
     """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
     seed: int = 0
@@ -86,14 +81,13 @@ class DemoConfig:
     merge_adapters: bool | None = None
     """Serve each step merged into vLLM's weights rather than as a LoRA adapter (faster on CPU).
     None: only for SmolLM2. A server without LoRA compiles its graphs at every start on CPU
-    (vLLM 0.32's compile cache fails to load there): about 6 minutes for the 0.5B on 2 cores, so
+    (vLLM 0.32's compile cache fails to load there), which takes minutes for the larger models, so
     other models are served as LoRA adapters (eager) unless this says otherwise."""
     serving_dtype: str = "auto"
     """vLLM's ``--dtype`` for the policy's server and a local judge's. ``auto``: bf16 where the
-    machine has it. ``float32``: slower (a long prompt's first prefill ~1.7x), but on CPU a
-    seeded request samples the same tokens with the same logprobs alone or in any batch, and
-    however its prompt is split (``VLLMConfig.dtype``), so a resumed or faulted run can be its
-    clean twin's run: the short chaos run is, at every step (bench/results.md)."""
+    machine has it. ``float32``: slower, but on CPU a seeded request samples the same tokens with
+    the same logprobs alone or in any batch, and however its prompt is split (``VLLMConfig.dtype``),
+    so a resumed or faulted run can repeat its clean twin's run step for step."""
     gpu_memory_utilization: float | None = None
     """CUDA: the share of the GPU the policy's vLLM server takes; None: planned from the models'
     sizes with the judge's server and the trainer (``backend/serving/gpu_memory.py``)."""

@@ -16,13 +16,24 @@ import typer
 
 import journeyman as jm
 from journeyman.errors import ConfigError
+from journeyman.gate import Gate, promote_if_better
 from journeyman.loop import StepReport
-from journeyman.replay import label_trajectory, scenario_labels
+from journeyman.replay import (
+    Scenario,
+    label_trajectory,
+    read_scenarios,
+    scenario_labels,
+    scenarios_from_trajectories,
+    split_held_out,
+    write_scenarios,
+)
+from journeyman.replay import replay as replay_scenarios
 from journeyman.ruler import Method
+from journeyman.store import ModelStore
 
 from .cli_runs import Root
 
-Agent = Callable[[jm.Scenario, jm.TrainableModel], Awaitable[jm.Trajectory]]
+Agent = Callable[[Scenario, jm.TrainableModel], Awaitable[jm.Trajectory]]
 
 
 def replay(
@@ -31,12 +42,12 @@ def replay(
     agent: Annotated[
         str,
         typer.Option(
-            help="module:function, an async (scenario: jm.Scenario, model: jm.TrainableModel) -> jm.Trajectory "
+            help="module:function, an async (scenario: journeyman.replay.Scenario, model: jm.TrainableModel) -> jm.Trajectory "
             "that runs your agent against model (model.openai_client(), model.inference_name) and may set "
             "the reward. The current folder is importable."
         ),
     ],
-    scenarios: Annotated[Path | None, typer.Option(help="JSONL of scenarios (jm.read_scenarios).")] = None,
+    scenarios: Annotated[Path | None, typer.Option(help="JSONL of scenarios (read_scenarios).")] = None,
     langfuse_tag: Annotated[
         list[str] | None,
         typer.Option(help="Read scenarios from Langfuse traces with these tags (repeatable)."),
@@ -86,17 +97,17 @@ def replay(
         found = [s for s in found if s.score is not None and s.score >= min_score]
     if sample is not None and len(found) > sample:
         found = random.Random(seed).sample(found, sample)
-    train, held = jm.split_held_out(found, held_out, seed=seed)
+    train, held = split_held_out(found, held_out, seed=seed)
     if not train:
         raise ConfigError(f"no scenarios left to train on ({len(found)} found, {len(held)} held out)")
     if gate and not held:
         raise ConfigError("--gate needs held-out scenarios: raise --held-out or give more scenarios")
     typer.echo(f"{len(found)} scenarios: {len(train)} to train on, {len(held)} held out")
     attempt = _import_agent(agent)
-    store = jm.ModelStore(project, model, root=root)
+    store = ModelStore(project, model, root=root)
     store.path.mkdir(parents=True, exist_ok=True)
-    jm.write_scenarios(store.path / "replay-train.jsonl", train)
-    jm.write_scenarios(store.path / "replay-held-out.jsonl", held)
+    write_scenarios(store.path / "replay-train.jsonl", train)
+    write_scenarios(store.path / "replay-held-out.jsonl", held)
     asyncio.run(
         _run(
             store, base_model, attempt, train, held, n=n, per_step=per_step, steps=steps, gate=gate,
@@ -107,17 +118,17 @@ def replay(
 
 def _scenarios(
     path: Path | None, tags: list[str] | None, start: datetime | None, end: datetime | None, score: str
-) -> list[jm.Scenario]:
+) -> list[Scenario]:
     if (path is None) == (not tags and start is None and end is None):
         raise ConfigError(
             "give --scenarios FILE or Langfuse filters (--langfuse-tag, --langfuse-from/--langfuse-to)"
         )
     if path is not None:
-        return jm.read_scenarios(path)
+        return read_scenarios(path)
     from journeyman.integrations.langfuse import import_trajectories
 
     traces = import_trajectories(tags=tags, from_time=start, to_time=end, reward_score=score)
-    return jm.scenarios_from_trajectories(traces)
+    return scenarios_from_trajectories(traces)
 
 
 def _import_agent(spec: str) -> Agent:
@@ -135,7 +146,7 @@ def _import_agent(spec: str) -> Agent:
 
 
 async def _run(
-    store: jm.ModelStore, base_model: str, attempt: Agent, train: list[jm.Scenario], held: list[jm.Scenario],
+    store: ModelStore, base_model: str, attempt: Agent, train: list[Scenario], held: list[Scenario],
     *, n: int, per_step: int, steps: int, gate: bool, min_delta: float, judge_model: str | None,
     judge_method: str, learning_rate: float,
 ) -> None:  # fmt: skip
@@ -152,9 +163,9 @@ async def _run(
 
         async def evaluate(name: str) -> list[jm.TrajectoryGroup]:
             served = model.model_copy(update={"inference_model_name": name})
-            return await jm.replay(held, lambda s: attempt(s, served), n=1, progress=False)
+            return await replay_scenarios(held, lambda s: attempt(s, served), n=1, progress=False)
 
-        async def rollout(model: jm.TrainableModel, scenario: jm.Scenario) -> jm.Trajectory:
+        async def rollout(model: jm.TrainableModel, scenario: Scenario) -> jm.Trajectory:
             return label_trajectory(await attempt(scenario, model), scenario)
 
         async def step_end(report: StepReport) -> None:
@@ -163,9 +174,7 @@ async def _run(
                 f"step {report.step}: {sum(len(g) for g in report.groups)} attempts, reward {_mean(rewards)}"
             )
             if gate:
-                decision = await jm.promote_if_better(
-                    model, report.step, evaluate, jm.Gate(min_delta=min_delta)
-                )
+                decision = await promote_if_better(model, report.step, evaluate, Gate(min_delta=min_delta))
                 verdict = "promoted" if decision.promoted else f"held (step {decision.incumbent_step} stays)"
                 line += f"; held out {decision.candidate:.3f} vs {decision.incumbent:.3f}: {verdict}"
             typer.echo(line)

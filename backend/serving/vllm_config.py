@@ -47,8 +47,8 @@ def cuda_available() -> bool:
 
 def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """True when this CPU computes in bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo.
-    Elsewhere bf16 matmuls are emulated: on this project's 2-core AVX2 machine a 2048^3 matmul ran
-    at 0.3 GFLOP/s in bf16 against 156 in fp32, and vLLM's bf16 linear layers at 20 against 150."""
+    Elsewhere bf16 matmuls are emulated, and both plain matmuls and vLLM's linear layers run many
+    times slower in bf16 than in fp32 (see docs/results/)."""
     try:
         flags = next(
             (line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), ""
@@ -75,12 +75,12 @@ class VLLMConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: str = "auto"
     """Weights and activations (``--dtype``). ``auto``: bfloat16 on CUDA and on CPUs with bf16
-    instructions, float32 on other CPUs, where bf16 runs 7x slower (:func:`cpu_has_bf16`). A
+    instructions, float32 on other CPUs, where bf16 is emulated and much slower (:func:`cpu_has_bf16`). A
     server asked for ``float32`` on CPU gives a token the same numbers whatever its batch and
     however its prompt is split (the ``journeyman_cpu_exact`` plugin: linear layers in tiles of
     16 rows, attention per query; ``JOURNEYMAN_CPU_EXACT=0`` turns it off): a seeded request
     samples the same tokens with the same logprobs, bit for bit, alone or among others, in
-    prefill chunks or after a prefix-cache hit; a long prompt's first prefill costs ~1.7x."""
+    prefill chunks or after a prefix-cache hit, at some cost to a long prompt's first prefill."""
     max_model_len: int = 4096
     enable_lora: bool = True
     max_lora_rank: int = 16
@@ -114,24 +114,24 @@ class VLLMConfig:
     threads (``VLLM_CPU_NUM_OF_RESERVED_CPU``; None: one when there are several)."""
     cpu_single_process: bool = True
     """CPU only, one worker: run the model inside vLLM's engine process (its ``uni`` executor)
-    rather than in a worker process of its own; here it starts in 18-20 s instead of 27-34 s and
-    decodes 2-50% more tokens/s at 8-32 concurrent requests (``bench/results.md``)."""
+    rather than in a worker process of its own: it starts sooner (one import of vLLM fewer) and
+    decodes more tokens/s under concurrent requests (see docs/results/)."""
     merge_adapters: bool = False
     """Serve one trained model with each new adapter merged into the base weights, reloaded in
     place, instead of as a LoRA adapter (``backend/serving/merge.py``): vLLM runs without LoRA, which on
-    CPU keeps its compiled graphs (about 2x faster decoding here). Only the current version is
+    CPU keeps its compiled graphs and decodes faster (see docs/results/). Only the current version is
     served. Turns on vLLM's development endpoints, so the server must bind to loopback."""
     cpu_lora_plugin: bool = True
     """CPU only: apply LoRA with one matmul per adapter instead of vLLM's per-token gathers
-    (``backend/serving/vllm_plugin``; same numbers, ~4x less LoRA time per decode step)."""
+    (``backend/serving/vllm_plugin``; same numbers, less LoRA time per decode step)."""
     tensor_parallel_size: int = 1
     """GPUs one replica's weights are split over (``--tensor-parallel-size``)."""
     data_parallel_size: int = 1
     """Engine copies inside this server, each on its own GPUs (``--data-parallel-size``); for
     replicas on several machines, see ``backend/serving/replicas.py``."""
     startup_timeout: float = 900.0
-    """Seconds to wait for /health: a server without LoRA compiles its graphs first (about 3 minutes
-    for a 0.5B model on 2 cores)."""
+    """Seconds to wait for /health: a server without LoRA compiles its graphs first, which on a small
+    CPU takes minutes for a model of a few hundred million parameters."""
     extra_args: tuple[str, ...] = ()
     """Further command-line arguments passed to vLLM as they are."""
     env: dict[str, str] = field(default_factory=dict)

@@ -113,8 +113,8 @@ def read_optimizer(folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], fl
 
 
 def _os_error(error: Exception) -> OSError:
-    """The OSError behind a failed safetensors write: it reports one (a full disk, measured: "I/O
-    error: No space left on device (os error 28)") as a SafetensorError, which the store's
+    """The OSError behind a failed safetensors write: it reports one (a full disk, for instance:
+    "I/O error: No space left on device (os error 28)") as a SafetensorError, which the store's
     handling of failed writes would not recognise."""
     found = re.search(r"os error (\d+)", str(error))
     code = int(found.group(1)) if found else errno.EIO

@@ -32,6 +32,7 @@ from crewai.tools import tool
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.integrations.crewai import CrewTracer
+from journeyman.ruler import DEFAULT_RUBRIC
 
 # CrewAI warns on every call to a model it has no tokenizer for ("approximate input token count").
 logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
@@ -75,7 +76,7 @@ WORKED_EXAMPLES = (
 )
 
 RUBRIC = (
-    jm.DEFAULT_RUBRIC
+    DEFAULT_RUBRIC
     + "\n- The Calculator must use a tool with the numbers of the question; the Writer must state its exact result."
 )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.ruler import ruler_score_group
 
 # The inbox ------------------------------------------------------------------------------------
 
@@ -353,13 +354,13 @@ goal was achieved; an attempt's score is the product of their P(yes)."""
 
 @dataclass(frozen=True)
 class TaskJudge(jm.JudgeReward):
-    """:class:`jm.JudgeReward` with the yes/no ``criteria`` of :func:`jm.ruler_score_group`
+    """:class:`jm.JudgeReward` with the yes/no ``criteria`` of :func:`ruler_score_group`
     (``--judge-criteria task``), which JudgeReward does not take."""
 
     criteria: list[str] | None = None
 
     async def score(self, group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
-        return await jm.ruler_score_group(
+        return await ruler_score_group(
             group, judge=self.judge, rubric=self.rubric, judge_weight=self.judge_weight,
             reward_weight=self.reward_weight, method=self.method, reward_from=self.reward_from,
             criteria=self.criteria,

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError, ModelPreparationError
 from journeyman.messages import FunctionCall
+from journeyman.store import ModelStore
 from journeyman.trajectory import load_group, load_trajectory
 
 GOOD = {"conversation": [{"role": "user", "content": "hi"}], "reward": 1.0}
@@ -55,10 +57,10 @@ GOOD = {"conversation": [{"role": "user", "content": "hi"}], "reward": 1.0}
     ],
 )
 def test_malformed_trajectories_name_the_field_and_why(data: dict[str, Any], where: str, why: str) -> None:
-    with pytest.raises(jm.InvalidDataError) as caught:
+    with pytest.raises(InvalidDataError) as caught:
         load_trajectory({**GOOD, **data})
     assert where in str(caught.value) and why in str(caught.value)
-    with pytest.raises(jm.InvalidDataError, match=r"trajectories\.0"):
+    with pytest.raises(InvalidDataError, match=r"trajectories\.0"):
         load_group({"trajectories": [{**GOOD, **data}]})
 
 
@@ -73,7 +75,7 @@ def test_malformed_trajectories_name_the_field_and_why(data: dict[str, Any], whe
     ],
 )
 def test_malformed_groups_name_the_field_and_why(text: str, why: str) -> None:
-    with pytest.raises(jm.InvalidDataError, match="invalid trajectory group") as caught:
+    with pytest.raises(InvalidDataError, match="invalid trajectory group") as caught:
         load_group(text)
     assert why in str(caught.value)
 
@@ -81,7 +83,7 @@ def test_malformed_groups_name_the_field_and_why(text: str, why: str) -> None:
 def test_adding_a_bad_message_changes_nothing() -> None:
     trajectory = jm.Trajectory(conversation=[{"role": "user", "content": "hi"}])
     for bad in ({"role": "user"}, {"role": "wizard", "content": "x"}, "hi", None):
-        with pytest.raises(jm.InvalidDataError, match="invalid conversation item"):
+        with pytest.raises(InvalidDataError, match="invalid conversation item"):
             trajectory.add(bad)  # type: ignore[arg-type]
     assert len(trajectory.conversation) == 1
 
@@ -104,7 +106,7 @@ def test_tool_calls_with_invalid_json_arguments_are_kept_verbatim_and_explained(
     again = load_trajectory(trajectory.model_dump_json())  # what the model wrote is training data
     call = again.model_turns[0].message.tool_calls[0].function  # type: ignore[index]
     assert call.arguments == arguments
-    with pytest.raises(jm.InvalidDataError, match=f"tool call 'add' has arguments that .*{why}"):
+    with pytest.raises(InvalidDataError, match=f"tool call 'add' has arguments that .*{why}"):
         call.parsed_arguments()
     assert FunctionCall(name="add", arguments={"a": 1}).parsed_arguments() == {"a": 1}  # type: ignore[arg-type]
 
@@ -146,12 +148,12 @@ async def test_a_rollout_returning_garbage_is_a_recorded_failure() -> None:
 
 
 def test_a_corrupt_line_in_stored_groups_names_the_file_and_line_and_keeps_the_rest(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     good = jm.TrajectoryGroup([jm.Trajectory(**GOOD)])
     path = store.save_groups([good], "train", 0)
     with path.open("a") as handle:
         handle.write(json.dumps({"trajectories": [{"reward": "x"}]}) + "\n")
-    with pytest.raises(jm.InvalidDataError, match=rf"{path.name}, line 2: invalid trajectory group"):
+    with pytest.raises(InvalidDataError, match=rf"{path.name}, line 2: invalid trajectory group"):
         store.load_groups("train", 0)
     assert load_group(path.read_text().splitlines()[0]) == good
 
@@ -163,13 +165,13 @@ async def test_unknown_base_models_fail_before_anything_starts(tmp_path: Path) -
         model = jm.TrainableModel(
             name="m", project="p", base_model="no-such-org/no-such-model", root=tmp_path
         )
-        with pytest.raises(jm.ModelPreparationError, match=r"no-such-org/no-such-model.*smollm2-135m"):
+        with pytest.raises(ModelPreparationError, match=r"no-such-org/no-such-model.*smollm2-135m"):
             await model.register(backend)
         assert backend.server is None
         folder = tmp_path / "not-a-model"
         folder.mkdir()
         model = jm.TrainableModel(name="m", project="p", base_model=str(folder), root=tmp_path)
-        with pytest.raises(jm.ModelPreparationError, match=r"no config\.json"):
+        with pytest.raises(ModelPreparationError, match=r"no config\.json"):
             await model.register(backend)
         assert backend.server is None
 
@@ -178,11 +180,11 @@ async def test_train_refuses_what_is_not_a_list_of_groups(tmp_path: Path) -> Non
 
     from journeyman.backend.training.trainer import Trainer
 
-    trainer = Trainer("smollm2-135m", jm.ModelStore("p", "m", root=tmp_path))
+    trainer = Trainer("smollm2-135m", ModelStore("p", "m", root=tmp_path))
     group = jm.TrajectoryGroup([jm.Trajectory(**GOOD)])
-    with pytest.raises(jm.InvalidDataError, match="list of TrajectoryGroup"):
+    with pytest.raises(InvalidDataError, match="list of TrajectoryGroup"):
         await trainer.train(group)  # type: ignore[arg-type]
-    with pytest.raises(jm.InvalidDataError, match="list of TrajectoryGroup"):
+    with pytest.raises(InvalidDataError, match="list of TrajectoryGroup"):
         await trainer.train([jm.Trajectory(**GOOD)])  # type: ignore[list-item]
     with pytest.raises(jm.ConfigError, match="at least one group"):
         await trainer.train([])

@@ -20,6 +20,7 @@ from bench.twins import compare
 from bench.twins import table as twins_table
 from journeyman.backend.app.calculator import make_scenarios
 from journeyman.backend.models import prepare_model
+from journeyman.store import ModelStore
 
 STEPS = 8
 KINDS = ["vllm", "memory", "kill", "interrupt", "judge"]
@@ -64,7 +65,7 @@ def test_a_users_training_loop_survives_one_fault_of_each_kind(tmp_path: Path) -
     outcome = {f.kind: f.outcome for f in faults}  # both servers were restarted in-process
     assert outcome["vllm"] == outcome["judge"] == "carried on", table(chaos)
     assert chaos.report["before"]["step"] == 0 and chaos.report["after"]["step"] == STEPS
-    store = jm.ModelStore("examples", "chaos", root=tmp_path)
+    store = ModelStore("examples", "chaos", root=tmp_path)
     order = jm.iterate_dataset(make_scenarios(16, seed=0), per_step=2, seed=0)  # the loop's, seeded by --seed
     for step, batch in enumerate(order):  # each step asked what an uninterrupted run asks, in that order
         assert [_question(g) for g in store.load_groups("train", step)] == [s.question for s in batch.items]

@@ -14,6 +14,7 @@ import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.serving.router import Router
+from journeyman.errors import StorageError
 from journeyman.store import check_writable
 from tests.scripted_upstream import Reply, ScriptedUpstream
 
@@ -39,7 +40,7 @@ async def test_an_unwritable_project_folder_fails_at_register_before_vllm_starts
     blocker.write_text("a file where the project folder should be")
     async with LocalBackend(root=blocker) as backend:
         model = jm.TrainableModel(name="m", project="p", base_model="smollm2-135m", root=blocker)
-        with pytest.raises(jm.StorageError, match=r"could not write in .*runs.*fix the folder's permissions"):
+        with pytest.raises(StorageError, match=r"could not write in .*runs.*fix the folder's permissions"):
             await model.register(backend)
         assert backend.server is None and backend.gateway is None  # it failed before starting vLLM
     assert blocker.read_text().startswith("a file")
@@ -48,7 +49,7 @@ async def test_an_unwritable_project_folder_fails_at_register_before_vllm_starts
 def test_check_writable_creates_the_folder_and_leaves_nothing(tmp_path: Path) -> None:
     folder = check_writable(tmp_path / "a" / "b")
     assert folder.is_dir() and list(folder.iterdir()) == []
-    with pytest.raises(jm.StorageError):
+    with pytest.raises(StorageError):
         check_writable("/proc/journeyman-cannot-be-here")
 
 
@@ -100,7 +101,7 @@ def test_a_short_write_leaves_no_torn_line(tmp_path: Path, monkeypatch: pytest.M
         return real_write(fd, data[: len(data) // 2])  # the disk filled up halfway through
 
     monkeypatch.setattr(os, "write", half)
-    with pytest.raises(jm.StorageError, match="could not write a completion record"):
+    with pytest.raises(StorageError, match="could not write a completion record"):
         log.append(record.model_copy(update={"completion_id": "b"}))
     monkeypatch.undo()
     log.append(record.model_copy(update={"completion_id": "c"}))
@@ -115,5 +116,5 @@ def test_a_short_write_leaves_no_torn_line(tmp_path: Path, monkeypatch: pytest.M
 def test_records_in_an_unwritable_place_fail_at_once(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(jm.StorageError, match="cannot open the completion records"):
+    with pytest.raises(StorageError, match="cannot open the completion records"):
         RecordLog(blocker / "records.jsonl")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 import journeyman as jm
+from journeyman.judge import Judge
+from journeyman.ruler import ruler_score_group
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
     fault: str, why: str, silent_port: int, tmp_path: Path
 ) -> None:
     port = _closed_port() if fault == "down" else silent_port
-    judge = jm.Judge("judge", base_url=f"http://127.0.0.1:{port}/v1", timeout=1.0, max_retries=1,
+    judge = Judge("judge", base_url=f"http://127.0.0.1:{port}/v1", timeout=1.0, max_retries=1,
                      retry_delay=0.1, cache_dir=tmp_path)  # fmt: skip
 
     async def rollout(trajectory: jm.Trajectory) -> jm.Trajectory:
@@ -72,7 +74,7 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
     groups = await asyncio.wait_for(  # the judge's timeout x attempts bound it: a hang fails here
         jm.gather_trajectory_groups(
             [jm.TrajectoryGroup(rollout(t) for t in _group())],
-            after_each=functools.partial(jm.ruler_score_group, judge=judge),
+            after_each=functools.partial(ruler_score_group, judge=judge),
             progress=False,
         ),
         timeout=120,
@@ -87,8 +89,8 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
 
 
 async def test_the_configured_fallback_is_used_and_marked(tmp_path: Path) -> None:
-    judge = jm.Judge("judge", base_url=f"http://127.0.0.1:{_closed_port()}/v1", timeout=1.0, max_retries=0,
+    judge = Judge("judge", base_url=f"http://127.0.0.1:{_closed_port()}/v1", timeout=1.0, max_retries=0,
                      cache_dir=tmp_path)  # fmt: skip
-    group = await jm.ruler_score_group(_group(), judge=judge, fallback=0.5)
+    group = await ruler_score_group(_group(), judge=judge, fallback=0.5)
     assert [t.reward for t in group] == [0.5, 0.5]
     assert group.failures and group.failures[0].stage == "judge"

@@ -16,6 +16,8 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend.serving.vllm import free_port
+from journeyman.errors import BackendError
+from journeyman.store import ModelStore
 from tests.integration.test_local_backend import QUESTIONS
 from tests.integration.test_remote_backend import rollout
 from tests.waits import until
@@ -52,7 +54,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 async def test_serve_killed_during_train_fails_clearly_and_the_retry_trains_once(tmp_path: Path) -> None:
     root, log = tmp_path / "server", tmp_path / "serve.log"
-    store = jm.ModelStore("test", "remote", root=root)
+    store = ModelStore("test", "remote", root=root)
     process, url = await start_serve(root, log)
     try:
         async with jm.RemoteBackend(url, token=TOKEN) as backend:
@@ -71,7 +73,7 @@ async def test_serve_killed_during_train_fails_clearly_and_the_retry_trains_once
             # The server stores a step's groups before it trains on them: kill it then.
             await until(lambda: store.steps("train") == [0], "the server to store the step's groups")
             stop(process)
-            with pytest.raises(jm.BackendError, match=r"broke during training|closed the training stream"):
+            with pytest.raises(BackendError, match=r"broke during training|closed the training stream"):
                 await training
         assert store.checkpoint_steps() == [0] and store.read_history() == []  # no step was counted
 

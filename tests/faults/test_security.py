@@ -15,6 +15,7 @@ from journeyman.backend.app.server import MAX_BODY_BYTES, check_bind, create_app
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.serving.gateway import Gateway, RecordLog
 from journeyman.backend.serving.router import Router
+from journeyman.store import ModelStore
 from tests.logs import reaching_caplog
 from tests.scripted_upstream import Reply, ScriptedUpstream
 
@@ -70,10 +71,10 @@ def test_the_pickle_check_catches_what_it_looks_for() -> None:
 )
 def test_unsafe_names_never_become_paths(name: str, tmp_path: Path) -> None:
     with pytest.raises(jm.ConfigError, match="no '/'"):
-        jm.ModelStore("p", name, root=tmp_path)
+        ModelStore("p", name, root=tmp_path)
     with pytest.raises(jm.ConfigError):
-        jm.ModelStore(name, "m", root=tmp_path)
-    store = jm.ModelStore("p", "m", root=tmp_path)
+        ModelStore(name, "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     with pytest.raises(jm.ConfigError):
         store.trajectories_path(name, 0)
     assert list(tmp_path.iterdir()) == []
@@ -81,7 +82,7 @@ def test_unsafe_names_never_become_paths(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("step", [-1, "../1", 1.5, True])
 def test_checkpoint_paths_are_steps_inside_the_project(step: object, tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     with pytest.raises(jm.JourneymanError):
         store.checkpoint_path(step)  # type: ignore[arg-type]
     assert store.checkpoint_path(3).resolve().is_relative_to(store.path.resolve())

@@ -24,6 +24,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.vllm import free_port
+from journeyman.errors import RolloutError
 from tests.waits import serving, until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +150,7 @@ async def test_bad_requests_to_the_real_server_are_recorded_failures(
     assert overlong.type == "BadRequestError" and "maximum context length" in overlong.message
     assert unknown.type == "NotFoundError" and "no-such-model" in unknown.message
 
-    with pytest.raises(jm.RolloutError, match="BadRequestError"):  # beyond the allowed share: stop
+    with pytest.raises(RolloutError, match="BadRequestError"):  # beyond the allowed share: stop
         await jm.gather_trajectory_groups([jm.TrajectoryGroup([ask("word " * 5000)])], progress=False)
 
 

@@ -23,6 +23,7 @@ import torch
 import journeyman as jm
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 from tests.integration.test_trainer import _groups
 
 CONFIG = TrainConfig(loss="dapo", learning_rate=5e-4)
@@ -46,7 +47,7 @@ CHILD = textwrap.dedent(
     from tests.faults.test_trainer_faults import groups_for
 
     root, marker, moment = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1)
+    trainer = Trainer("smollm2-135m", ModelStore("test", "agent", root=root), threads=1)
     trainer.load()
     config = TrainConfig(loss="dapo", learning_rate=5e-4)
     asyncio.run(trainer.train(groups_for(trainer.tokenizer, 0), config))
@@ -88,7 +89,7 @@ def _content(groups: list[jm.TrajectoryGroup]) -> list[list[tuple[Any, float | N
 
 
 def _trainer(root: Path) -> Trainer:
-    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1)
+    trainer = Trainer("smollm2-135m", ModelStore("test", "agent", root=root), threads=1)
     trainer.load()
     return trainer
 
@@ -130,7 +131,7 @@ async def test_trainer_killed_mid_step_resumes_the_exact_step(
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
 
-    store = jm.ModelStore("test", "agent", root=root)
+    store = ModelStore("test", "agent", root=root)
     if moment == "history":  # the step completed; only its history row was lost
         assert marker.read_text() == "history" and store.checkpoint_steps() == [0, 1, 2]
         assert [r["step"] for r in store.read_history()] == [1]
@@ -183,7 +184,7 @@ FULL_DISK_CHILD = textwrap.dedent(
     from tests.faults.test_trainer_faults import _lora, groups_for
 
     root, where, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=root), threads=1)
+    trainer = Trainer("smollm2-135m", ModelStore("test", "agent", root=root), threads=1)
     trainer.load()
     store = trainer.store
     config = TrainConfig(loss="dapo", learning_rate=5e-4)

@@ -24,6 +24,7 @@ from journeyman.backend.training.device import synchronize
 from journeyman.backend.training.logprobs import packed_inputs, sequence_views, token_logprobs
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 from tests.trl_stand_in import GRPOStandIn
 
 SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -150,7 +151,7 @@ class StepTiming:
 
 def trainer_for(folder: Path, root: Path, device: torch.device, engine: str, **kwargs: Any) -> Trainer:
     trainer = Trainer(
-        str(folder), jm.ModelStore("gpu-check", engine, root=root), engine=engine, device=device, **kwargs
+        str(folder), ModelStore("gpu-check", engine, root=root), engine=engine, device=device, **kwargs
     )
     trainer.load()
     return trainer

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import journeyman as jm
 from journeyman.backend.app.cli import app
 from journeyman.integrations.langfuse import import_trajectories
+from journeyman.store import ModelStore
 from tests.langfuse_server import LangfuseServer, client_for
 
 TINY = ["--steps", "1", "--scenarios-per-step", "2", "--group-size", "2", "--train-scenarios", "2",
@@ -23,7 +23,7 @@ def test_demo_evaluates_trains_redeploys_and_reports(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "held-out success" in result.output and "held-out evaluation" in result.output
     assert "viewer: http://127.0.0.1:" in result.output and "/runs/demo/smoke" in result.output
-    store = jm.ModelStore("demo", "smoke", root=tmp_path)
+    store = ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["before"]["step"] == 0 and report["after"]["step"] == 1
     assert report["config"]["base_model"] == "smollm2-135m" and report["worked_share"] == 1.0
@@ -51,7 +51,7 @@ def test_demo_on_qwen_trains_on_both_prompts(tmp_path: Path) -> None:
     args += ["--root", str(tmp_path)]
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    store = jm.ModelStore("demo", "smoke", root=tmp_path)
+    store = ModelStore("demo", "smoke", root=tmp_path)
     report = json.loads((store.path / "demo_report.json").read_text())
     assert report["config"]["base_model"] == "qwen2.5-coder-0.5b" and report["after"]["step"] == 1
     assert report["worked_share"] == 0.5
@@ -103,7 +103,7 @@ def test_demo_with_the_ruler_judge_exports_every_trajectory_to_langfuse(
             "serving adapters with LoRA" in result.output
             and "judge: RULER (scores) with base" in result.output
         )
-        store = jm.ModelStore("demo", "smoke", root=tmp_path)
+        store = ModelStore("demo", "smoke", root=tmp_path)
         train = store.load_groups("train", 0)
         # Calibrated on the first step's groups, against the rewards the check gave them.
         calibration = json.loads((store.path / "judge_calibration.json").read_text())

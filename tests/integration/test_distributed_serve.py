@@ -14,6 +14,7 @@ import pytest
 import journeyman as jm
 from journeyman.backend.serving.vllm import free_port
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 from tests.integration.test_distributed_trainer import groups, lora_weights
 from tests.waits import serving
 
@@ -76,7 +77,7 @@ async def test_serve_under_torchrun_trains_each_step_on_both_ranks(tmp_path: Pat
             / "adapter_model.safetensors"
         )
     )
-    single = Trainer("smollm2-135m", jm.ModelStore("test", "dp", root=tmp_path / "single"), threads=1)
+    single = Trainer("smollm2-135m", ModelStore("test", "dp", root=tmp_path / "single"), threads=1)
     single.load()
     single.train_step(groups(tokenizer), CONFIG)
     reference = {n.replace(".default", ""): w for n, w in lora_weights(single).items()}

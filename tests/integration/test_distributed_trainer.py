@@ -18,6 +18,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 
 CONFIG = TrainConfig(learning_rate=1e-3, micro_batch_tokens=64)
 SECOND = TrainConfig(
@@ -126,7 +127,7 @@ def _rank_main(out: Path, base: str, mode: str) -> None:
     root = out / f"root{rank}"  # separate stores: rank 1 needs no shared disk and writes nothing
     if mode == "serve":  # as under `journeyman serve --fsdp`: rank 0 leads, rank 1 follows
         if rank == 0:
-            store = jm.ModelStore("test", "agent", root=root)
+            store = ModelStore("test", "agent", root=root)
             leader = LeaderTrainer(base, store, threads=1, precision="fp32", fsdp=True)
             leader.load()
             leader.train_step(*step_batch(1, leader.tokenizer))
@@ -134,7 +135,7 @@ def _rank_main(out: Path, base: str, mode: str) -> None:
             follow()
         return
     trainer = DataParallelTrainer(
-        base, jm.ModelStore("test", "agent", root=root), threads=1, precision="fp32", fsdp=mode == "fsdp"
+        base, ModelStore("test", "agent", root=root), threads=1, precision="fp32", fsdp=mode == "fsdp"
     )
     trainer.load()
     gradients: dict[str, Any] = {}
@@ -185,7 +186,7 @@ class OneProcess:
     def __init__(self, base: str, root: Path) -> None:
         from journeyman.backend.training.trainer import Trainer
 
-        self.trainer = Trainer(base, jm.ModelStore("test", "agent", root=root), threads=1, precision="fp32")
+        self.trainer = Trainer(base, ModelStore("test", "agent", root=root), threads=1, precision="fp32")
         self.trainer.load()
 
     def step(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
@@ -230,8 +231,8 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path: Path, model_
     # Each rank trained its own share: together they made at least as many micro-batches.
     assert metrics[0]["train/micro_batches"] >= expected["train/micro_batches"]
     # Only rank 0 wrote checkpoints (step 0 and step 1).
-    assert jm.ModelStore("test", "agent", root=tmp_path / "root0").checkpoint_steps() == [0, 1]
-    assert jm.ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
+    assert ModelStore("test", "agent", root=tmp_path / "root0").checkpoint_steps() == [0, 1]
+    assert ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
 
 
 @pytest.mark.parametrize("base", ["tiny", "smollm2-135m"])
@@ -252,7 +253,7 @@ def test_fsdp_ranks_take_the_same_steps_as_one_process(tmp_path: Path, model_dir
     assert_same_step(ranks, reference, gradients)
     assert moved(reference, before) == len(reference) // 2
     assert_same_metrics(metrics, expected)
-    assert jm.ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
+    assert ModelStore("test", "agent", root=tmp_path / "root1").checkpoint_steps() == []
     # Each rank held about half of the decoder layers' weights.
     assert [m["test/local_share"] == pytest.approx(0.5, abs=0.02) for m in metrics] == [True, True]
 

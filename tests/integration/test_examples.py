@@ -20,6 +20,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
+from journeyman.store import ModelStore
 from tests.example_scripts import load
 from tests.integration.test_langgraph_capture import check_token_exact
 from tests.waits import until
@@ -269,7 +270,7 @@ async def test_an_interrupted_example_run_goes_on_at_its_next_step_with_the_same
     example = load("openai_agents_calculator")
     tiny = "--steps 2 --questions 2 --group-size 2 --max-tokens 40 --name agents-resumed"
     args = example.parse_args([*tiny.split(), "--root", str(tmp_path)])
-    store = jm.ModelStore("examples", args.name, root=tmp_path)
+    store = ModelStore("examples", args.name, root=tmp_path)
     first = asyncio.create_task(example.main(args, backend))
 
     def second_step_running() -> bool:  # step 1 trained and served: the second step's rollouts run

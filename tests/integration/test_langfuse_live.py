@@ -15,6 +15,7 @@ import pytest
 from langfuse import Langfuse
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError
 from journeyman.integrations.langfuse import export_group, import_trajectories
 from tests.unit.test_langfuse import sample_trajectory
 
@@ -36,7 +37,7 @@ def test_round_trip_through_a_real_langfuse() -> None:
         while time.monotonic() < deadline:  # ingestion is asynchronous on a real server
             try:
                 found = import_trajectories(client, trace_ids=ids)
-            except jm.InvalidDataError:
+            except InvalidDataError:
                 found = []
             if len(found) == 2 and all(t.reward is not None for t in found):
                 break

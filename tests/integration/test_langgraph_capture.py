@@ -21,6 +21,8 @@ from langgraph.prebuilt import create_react_agent
 import journeyman as jm
 from journeyman.backend.serving.gateway import GatewayThread
 from journeyman.integrations.langgraph import TrajectoryTracer
+from journeyman.messages import ModelTurn, ToolResult
+from journeyman.trajectory import History
 from tests.integration.conftest import SERVED_BASE, Served, each_family
 from tests.integration.test_serving import _rendered
 
@@ -99,19 +101,19 @@ def _blank(messages: list[Any]) -> list[Any]:
     ]
 
 
-def check_token_exact(history: jm.History, gateway: GatewayThread, tokenizer: Any) -> None:
+def check_token_exact(history: History, gateway: GatewayThread, tokenizer: Any) -> None:
     """Each turn: the gateway received the history's messages before it, its prompt tokens are
     their rendering with the tools, and its completion tokens decode to the turn's text."""
     tools = [t.model_dump(exclude_none=True) for t in history.tools] if history.tools else None
     conversation = history.openai_messages()
     assert history.model_turns
     for index, item in enumerate(history.conversation):
-        if not isinstance(item, jm.ModelTurn):
+        if not isinstance(item, ModelTurn):
             continue
         assert item.is_token_exact and item.completion_id is not None
         record = gateway.gateway.records.get(item.completion_id)
         assert record is not None and record.messages is not None
-        assert _blank(jm.History(conversation=record.messages).messages) == _blank(history.messages[:index])
+        assert _blank(History(conversation=record.messages).messages) == _blank(history.messages[:index])
         assert (
             item.prompt_token_ids
             == record.prompt_token_ids
@@ -218,7 +220,7 @@ def test_create_agent_with_two_tools_is_captured_token_exact(gateway: GatewayThr
     assert len(result["messages"]) < len(trajectory.messages)  # the examples never entered the state
     tool_messages = [m for m in result["messages"] if m.type == "tool"]
     assert tool_messages and trajectory.metrics["tool_calls"] == len(tool_messages)
-    captured = {m.tool_call_id: m.content for m in trajectory.messages if isinstance(m, jm.ToolMessage)}
+    captured = {m.tool_call_id: m.content for m in trajectory.messages if isinstance(m, ToolResult)}
     assert all(captured[m.tool_call_id] == m.content for m in tool_messages)
     assert trajectory.metrics["calls_without_tokens"] == 0
     assert trajectory.metrics["token_exact_calls"] == trajectory.metrics["llm_calls"] >= 2

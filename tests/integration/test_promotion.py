@@ -13,6 +13,7 @@ import httpx
 import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.engine import Engine
+from journeyman.gate import promote_if_better
 from tests.waits import until
 
 QUESTION = [{"role": "user", "content": "Name a colour."}]
@@ -75,7 +76,7 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
         step1 = await model.train(rewarded(+1), jm.TrainConfig(learning_rate=1e-3), promote=False)
         assert backend.router.resolve("gated") == (base, 0)
         assert backend.router.resolve("gated@1") == ("gated@1", 1)
-        better = await jm.promote_if_better(model, step1.step, evaluate)
+        better = await promote_if_better(model, step1.step, evaluate)
         assert better.promoted and better.candidate > better.incumbent, better
         after = [await vllm_logprob("gated", a) for a in others]
         assert sum(after) < sum(before), (before, after)
@@ -83,7 +84,7 @@ async def test_a_gate_promotes_the_better_step_holds_the_worse_and_a_rollback_go
 
         # Step 2 punishes it: worse on the check, so it is served by name and production stays.
         step2 = await model.train(rewarded(-1), jm.TrainConfig(learning_rate=1e-3), promote=False)
-        worse = await jm.promote_if_better(model, step2.step, evaluate)
+        worse = await promote_if_better(model, step2.step, evaluate)
         assert not worse.promoted and worse.candidate < worse.incumbent, worse
         assert backend.router.resolve("gated") == ("gated@1", 1)
         reply = await client.chat.completions.create(model="gated@2", messages=QUESTION, max_tokens=2)

@@ -17,6 +17,7 @@ import journeyman as jm
 from journeyman.backend.app.cli import app
 from journeyman.backend.serving.vllm import free_port
 from journeyman.records import CompletionRecord
+from journeyman.store import ModelStore
 from tests.integration.test_local_backend import QUESTIONS, ask
 from tests.waits import serving
 
@@ -109,7 +110,7 @@ async def test_two_training_steps_through_remote_backend(serve: str, tmp_path: P
         assert await model.list_checkpoints() == [2]
         await records.aclose()
 
-    server_store = jm.ModelStore("test", "remote", root=tmp_path / "server")
+    server_store = ModelStore("test", "remote", root=tmp_path / "server")
     assert server_store.checkpoint_steps() == [2]
     assert server_store.steps("train") == [0, 1]
     assert [r["step"] for r in server_store.read_history()] == [1, 2]

@@ -20,6 +20,8 @@ from journeyman.backend import LocalBackend
 from journeyman.backend.serving.engine import Engine
 from journeyman.integrations.langfuse import import_trajectories
 from journeyman.integrations.langgraph import TrajectoryTracer
+from journeyman.replay import Scenario, read_scenarios, replay, scenarios_from_trajectories
+from journeyman.store import ModelStore
 from tests.langfuse_server import LangfuseServer
 from tests.unit import test_langfuse_langgraph as scripted
 from tests.unit.test_langfuse_langgraph import add_and_finish, run_traced
@@ -57,7 +59,7 @@ async def test_production_traces_replayed_as_groups_train_and_link_back(
         client.flush()
         traces = import_trajectories(client, tags=["prod"], reward_score="user-feedback")
 
-        scenarios = jm.scenarios_from_trajectories(traces)
+        scenarios = scenarios_from_trajectories(traces)
         assert len(scenarios) == 3  # the repeated question is one scenario
         assert {s.prompt for s in scenarios} == set(QUESTIONS)
         assert {s.source for s in scenarios} <= {t.id for t in traces}
@@ -65,7 +67,7 @@ async def test_production_traces_replayed_as_groups_train_and_link_back(
 
         replayed = _agent(model, temperature=1.0)
 
-        async def attempt(scenario: jm.Scenario) -> jm.Trajectory:
+        async def attempt(scenario: Scenario) -> jm.Trajectory:
             tracer = TrajectoryTracer()
             state = await replayed.ainvoke(  # type: ignore[attr-defined]
                 {"messages": convert_to_messages([m for m in scenario.messages if m["role"] != "system"])},
@@ -77,7 +79,7 @@ async def test_production_traces_replayed_as_groups_train_and_link_back(
             return trajectory
 
         for step in (1, 2):
-            groups = await jm.replay(scenarios, attempt, n=4, max_exceptions=0.25, progress=False)
+            groups = await replay(scenarios, attempt, n=4, max_exceptions=0.25, progress=False)
             assert len(groups) == 3
             for group, scenario in zip(groups, scenarios, strict=True):
                 assert group.metadata["source_trace"] == scenario.source
@@ -130,11 +132,11 @@ def test_the_replay_command_trains_gated_steps_from_a_scenario_file_and_resumes(
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "3 scenarios: 2 to train on, 1 held out" in result.output
     assert "step 1:" in result.output and "step 2:" in result.output and "promoted" in result.output
-    store = jm.ModelStore("test", "cli", root=tmp_path / "root")
+    store = ModelStore("test", "cli", root=tmp_path / "root")
     assert store.checkpoint_steps()[-1] == 2
     gated = [(r["action"], r["step"]) for r in store.read_promotions() if r["by"] == "gate"]
     assert gated == [("promote", 1), ("promote", 2)]  # min delta -1: any reward in [0, 1] passes
-    held = {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")}
+    held = {s.source for s in read_scenarios(store.path / "replay-held-out.jsonl")}
     trained = {g.metadata["source_trace"] for step in (0, 1) for g in store.load_groups("train", step)}
     assert len(held) == 1 and trained == {"trace-0", "trace-1", "trace-2"} - held
 
@@ -152,8 +154,8 @@ def test_the_replay_command_trains_gated_steps_from_a_scenario_file_and_resumes(
     assert [(r["action"], r["step"], r["from_step"]) for r in hold] == [("hold", 3, 2)]
     assert hold[0]["gate"]["promoted"] is False and hold[0]["gate"]["min_delta"] == 1.5
     assert store.promoted_step() == 2  # production keeps the step the first run promoted
-    assert {s.source for s in jm.read_scenarios(store.path / "replay-held-out.jsonl")} == held
-    train = jm.read_scenarios(store.path / "replay-train.jsonl")
+    assert {s.source for s in read_scenarios(store.path / "replay-held-out.jsonl")} == held
+    train = read_scenarios(store.path / "replay-train.jsonl")
     order = jm.iterate_dataset(train, per_step=2, epochs=3)
     expected = [[s.source for s in batch.items] for batch in order]
     for step in (0, 1, 2):  # each group keeps its scenario's place in the batch

@@ -18,6 +18,8 @@ import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.engine import Engine
 from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.judge import Judge
+from journeyman.ruler import judge_trajectories, ruler_score_group
 from tests.integration.conftest import SERVED_BASE
 from tests.waits import until
 
@@ -35,14 +37,14 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
         jm.Trajectory(conversation=[*QUESTION, {"role": "assistant", "content": answer}], reward=1.0)
         for answer in ANSWERS
     )
-    async with jm.Judge(
+    async with Judge(
         SERVED_BASE,
         base_url=f"{gateway.base_url}/v1",
         explanation_max_chars=120,
         timeout=300,
         cache_dir=tmp_path / "cache",
     ) as judge:
-        judgement = await jm.judge_trajectories(group.trajectories, judge=judge)
+        judgement = await judge_trajectories(group.trajectories, judge=judge)
         assert judgement.attempts == 1 and not judgement.retries and not judgement.cached
         assert judge.uses_schema  # "auto": vLLM accepted the JSON schema
         # The answer is exactly the schema's shape: bare JSON, one entry per id, in order.
@@ -56,7 +58,7 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
         assert judgement.clamped == 0
 
         # The group is scored from the same judgement, now on disk: no second call.
-        scored = await jm.ruler_score_group(group, judge=judge)
+        scored = await ruler_score_group(group, judge=judge)
         assert judge.calls == 1 and scored.metrics["judge/cached"] is True
         assert not scored.failures
         assert [t.reward for t in scored] == [s.score for s in judgement.scores]
@@ -105,7 +107,7 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shar
             # scores method's parse failures and retries are tested with a scripted judge).
             groups = await jm.gather_trajectory_groups(
                 (jm.TrajectoryGroup(rollout(task) for _ in range(4)) for task in TASKS),
-                after_each=functools.partial(jm.ruler_score_group, judge=judge, method="verdict"),
+                after_each=functools.partial(ruler_score_group, judge=judge, method="verdict"),
                 progress=False,
             )
             assert len(groups) == 2
@@ -130,7 +132,7 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shar
         await until(lambda: backend.judge_restarts > 0, "the watchdog to restart the judge", timeout=600)
         assert judge_server.is_running()
         group = jm.TrajectoryGroup([await rollout(TASKS[1]) for _ in range(4)])
-        again = await jm.ruler_score_group(group, judge=judge, method="verdict")  # no answer to parse
+        again = await ruler_score_group(group, judge=judge, method="verdict")  # no answer to parse
         assert again.metrics["judge/failed"] == 0 and all(t.reward is not None for t in again)
         await judge.aclose()
     assert not judge_server.is_running() and not backend.judge_servers  # stopped with the backend

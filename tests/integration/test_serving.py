@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-import journeyman as jm
 from journeyman.backend.serving.gateway import ROLLOUT_HEADER, GatewayThread
 from journeyman.backend.serving.router import Router
 from journeyman.backend.training.batch import template_messages
+from journeyman.errors import AdapterError
 from journeyman.records import CompletionRecord
 from tests.integration.conftest import MAX_LORA_RANK, SERVED_BASE, Served, each_family, make_adapter
 
@@ -341,10 +341,10 @@ async def test_bad_adapters_give_clear_errors_and_the_server_stays_up(
 ) -> None:
     name = "bad-adapter-check"
     await router.deploy(name, None, 0)
-    with pytest.raises(jm.AdapterError, match=r"could not load adapter .* Check that the folder exists"):
+    with pytest.raises(AdapterError, match=r"could not load adapter .* Check that the folder exists"):
         await router.deploy(name, tmp_path / "does-not-exist", 1)
     too_big = make_adapter(model_dir, tmp_path / "big", rank=2 * MAX_LORA_RANK)
-    with pytest.raises(jm.AdapterError, match=rf"rank <= {MAX_LORA_RANK}"):
+    with pytest.raises(AdapterError, match=rf"rank <= {MAX_LORA_RANK}"):
         await router.deploy(name, too_big, 1)
     assert router.resolve(name) == (SERVED_BASE, 0)  # still the old version
     answer, record = await _greedy(gateway, name)

@@ -25,6 +25,8 @@ import journeyman as jm
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
 from journeyman.errors import ConfigError
+from journeyman.messages import ModelTurn
+from journeyman.store import ModelStore
 from tests.integration.test_distributed_trainer import tiny_llama
 from tests.integration.test_trainer import _groups as _unsampled
 
@@ -36,7 +38,7 @@ def _groups(tokenizer: Any) -> list[jm.TrajectoryGroup]:
     for group in groups:
         for trajectory in group.trajectories:
             for turn in trajectory.conversation:
-                if isinstance(turn, jm.ModelTurn):
+                if isinstance(turn, ModelTurn):
                     turn.logprobs = [-10.8 + 0.5 * (i % 3 - 1) for i in range(len(turn.completion_token_ids))]
     return groups
 
@@ -83,7 +85,7 @@ def resumable(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tokeniz
     """A random tiny Llama and a store whose latest checkpoint (step 1) holds AdamW's state."""
     folder = tmp_path_factory.mktemp("device")
     base = str(tiny_llama(folder / "tiny", model_dir))
-    trainer = Trainer(base, jm.ModelStore("test", "agent", root=folder / "root"), threads=1, precision="fp32")
+    trainer = Trainer(base, ModelStore("test", "agent", root=folder / "root"), threads=1, precision="fp32")
     trainer.load()
     trainer.train_step(_groups(tokenizer), TrainConfig(learning_rate=1e-3))
     return base, folder / "root"
@@ -91,7 +93,7 @@ def resumable(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, tokeniz
 
 def _on_meta(resumable: tuple[str, Path], **kwargs: Any) -> Trainer:
     base, root = resumable
-    trainer = Trainer(base, jm.ModelStore("test", "agent", root=root), threads=1, device=META, **kwargs)
+    trainer = Trainer(base, ModelStore("test", "agent", root=root), threads=1, device=META, **kwargs)
     assert trainer.load() == 1
     return trainer
 
@@ -145,9 +147,7 @@ def test_the_one_read_of_a_step_brings_every_number_to_the_host(
 ) -> None:
     """On the CPU, the same step's numbers come back from :meth:`StepTotals.gather` in one transfer."""
     base = str(tiny_llama(tmp_path / "tiny", model_dir))
-    trainer = Trainer(
-        base, jm.ModelStore("test", "agent", root=tmp_path / "root"), threads=1, precision="fp32"
-    )
+    trainer = Trainer(base, ModelStore("test", "agent", root=tmp_path / "root"), threads=1, precision="fp32")
     trainer.load()
     config = TrainConfig(learning_rate=1e-3, micro_batch_tokens=40)
     advantage, sequences, _ = trainer._prepare(_groups(tokenizer), config)
@@ -163,7 +163,7 @@ def test_the_one_read_of_a_step_brings_every_number_to_the_host(
 
 
 def test_a_training_device_that_is_not_here_is_refused_with_what_is() -> None:
-    store = jm.ModelStore("test", "agent", root=Path("/nonexistent"))
+    store = ModelStore("test", "agent", root=Path("/nonexistent"))
     with pytest.raises(ConfigError, match=r"sees no CUDA GPU.*train_device='cpu'"):
         _ = Trainer("smollm2-135m", store, device="cuda").device
     with pytest.raises(ConfigError, match="'auto', 'cpu', 'cuda' or 'cuda:N'"):

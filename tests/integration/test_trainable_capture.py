@@ -10,6 +10,7 @@ import openai
 
 import journeyman as jm
 from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.model import Registration
 from tests.integration.conftest import SERVED_BASE
 from tests.integration.test_langgraph_capture import check_token_exact
 from tests.integration.test_serving import TOOLS
@@ -43,8 +44,8 @@ class _GatewayBackend:
     def __init__(self, gateway: GatewayThread) -> None:
         self.gateway = gateway
 
-    async def register(self, model: jm.TrainableModel) -> jm.Registration:
-        return jm.Registration(base_url=f"{self.gateway.base_url}/v1", api_key="-", step=0)
+    async def register(self, model: jm.TrainableModel) -> Registration:
+        return Registration(base_url=f"{self.gateway.base_url}/v1", api_key="-", step=0)
 
 
 async def calculator(scenario: dict[str, Any], client: openai.AsyncOpenAI) -> float:

@@ -17,6 +17,7 @@ from journeyman.backend.training.logprobs import packed_inputs, sequence_views, 
 from journeyman.backend.training.trainer import ADAPTER, OPTIMIZER, STATE, Trainer
 from journeyman.config import LossType, TrainConfig
 from journeyman.records import CompletionRecord
+from journeyman.store import ModelStore
 from tests.integration.conftest import QWEN, Served, each_family
 
 
@@ -52,7 +53,7 @@ def _groups(tokenizer: Any, variant: int = 0) -> list[jm.TrajectoryGroup]:
 
 
 def _trainer(tmp_path: Path, family: str = "smollm2-135m", **kwargs: Any) -> Trainer:
-    trainer = Trainer(family, jm.ModelStore("test", "agent", root=tmp_path), threads=1, **kwargs)
+    trainer = Trainer(family, ModelStore("test", "agent", root=tmp_path), threads=1, **kwargs)
     trainer.load()
     return trainer
 
@@ -290,7 +291,7 @@ async def test_async_steps_run_on_one_thread_and_hand_their_memory_back(
     from bench.step_memory import demo_shaped_groups, resident_gib
     from journeyman.backend.training import trainer as trainer_module
 
-    trainer = Trainer("smollm2-135m", jm.ModelStore("test", "memory", root=tmp_path))
+    trainer = Trainer("smollm2-135m", ModelStore("test", "memory", root=tmp_path))
     trainer.load()
     groups = demo_shaped_groups()
     threads: list[int] = []

@@ -32,6 +32,7 @@ from journeyman.backend.training import loss as L
 from journeyman.backend.training import trainer as trainer_module
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import LossType, TrainConfig
+from journeyman.store import ModelStore
 
 QUESTIONS = [
     ("What is 2+3?", [("5", 1.0), ("It is 5.", 0.6), ("6, I think", 0.3), ("nine", 0.0)]),
@@ -138,7 +139,7 @@ def _one_model_load() -> Iterator[None]:
 def trainer(folder: Path, random_adapter: bool = False) -> Trainer:
     """A fresh fp32 trainer; ``random_adapter``: lora_B drawn (seeded), so the adapter is not zero
     (a KL term to the base model, and gradients of lora_A, need one)."""
-    result = Trainer("smollm2-135m", jm.ModelStore("test", "agent", root=folder), threads=1, precision="fp32")
+    result = Trainer("smollm2-135m", ModelStore("test", "agent", root=folder), threads=1, precision="fp32")
     result.load()
     if random_adapter:
         generator = torch.Generator().manual_seed(0)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-import journeyman as jm
 from journeyman.backend.training import trainer as trainer_module
 from journeyman.backend.training.trainer import Trainer
 from journeyman.config import TrainConfig
+from journeyman.store import ModelStore
 from tests.integration.test_distributed_trainer import tiny_llama
 from tests.integration.test_trainer import _groups
 
@@ -105,7 +105,7 @@ def base(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def two_clean_steps(base: str, tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> dict[str, Any]:
-    trainer = Trainer(base, jm.ModelStore("test", "clean", root=tmp_path_factory.mktemp("clean")), threads=1)
+    trainer = Trainer(base, ModelStore("test", "clean", root=tmp_path_factory.mktemp("clean")), threads=1)
     trainer.load()
     for variant in (0, 1):
         trainer.train_step(_groups(tokenizer, variant), CONFIG)
@@ -116,7 +116,7 @@ def two_clean_steps(base: str, tmp_path_factory: pytest.TempPathFactory, tokeniz
 def test_a_step_that_fails_in_any_phase_leaves_the_trainer_as_before_and_can_be_trained_again(
     phase: str, base: str, tmp_path: Path, tokenizer: Any, two_clean_steps: dict[str, Any]
 ) -> None:
-    trainer = Trainer(base, jm.ModelStore("test", "failing", root=tmp_path), threads=1)
+    trainer = Trainer(base, ModelStore("test", "failing", root=tmp_path), threads=1)
     trainer.load()
     trainer.train_step(_groups(tokenizer, 0), CONFIG)  # step 1: the optimizer has state to keep
     before = _state(trainer)

@@ -23,6 +23,7 @@ from journeyman.backend.app.server import create_app
 from journeyman.backend.app.ui.app import COOKIE, start_viewer
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.serving.gateway_thread import GatewayThread
+from journeyman.store import ModelStore
 from tests.firefox_bidi import Firefox, firefox_executable
 
 CHROMIUM = Path(os.environ.get("JOURNEYMAN_CHROMIUM", "/usr/bin/chromium"))
@@ -42,7 +43,7 @@ class Run:
     root: Path
     url: str
     browser: Any
-    store: jm.ModelStore
+    store: ModelStore
     live_rows: tuple[int, int] = (0, 0)
     """Step rows the run page showed when opened during training, and later without a reload."""
     live_points: tuple[int, int] = (0, 0)
@@ -96,7 +97,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         playwright_api.sync_playwright() as playwright,
     ):
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        store = jm.ModelStore("demo", "ui", root=root)
+        store = ModelStore("demo", "ui", root=root)
         state = Run(root, viewer.base_url, browser, store)
         demo.start()
         deadline = time.monotonic() + 900
@@ -212,7 +213,7 @@ def test_the_token_view_marks_exactly_the_tokens_the_step_trained(run: Run) -> N
     page.close()
 
 
-def save_payloads(store: jm.ModelStore, split: str) -> list[str]:
+def save_payloads(store: ModelStore, split: str) -> list[str]:
     """A group whose messages and judge's explanation hold the payloads; the paths of its step,
     an attempt and a diff, under the run."""
     trajectory = jm.Trajectory(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import journeyman as jm
 from journeyman.backend.serving.gateway import GatewayThread
+from journeyman.judge import Judge
 from tests.scripted_judge import ScriptedJudge, running
 from tests.scripted_upstream import ScriptedServer, ScriptedUpstream, gateway_to, serve
 
@@ -37,8 +37,8 @@ def script() -> ScriptedJudge:
 
 
 @pytest.fixture
-def judge(script: ScriptedJudge) -> Iterator[jm.Judge]:
+def judge(script: ScriptedJudge) -> Iterator[Judge]:
     """A judge on ``script``, without retries or a cache (calibration and probe tests; modules that
     need another judge define their own)."""
     with running(script) as url:
-        yield jm.Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)
+        yield Judge("judge", base_url=url, timeout=5.0, max_retries=0, retry_delay=0, cache=False)

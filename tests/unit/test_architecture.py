@@ -1,12 +1,15 @@
 """The import graph keeps the architecture: layers that hold and no import cycles.
 
 Every import counts, at the top of a module or inside a function or a TYPE_CHECKING block: a lazy
-import is still a dependency. The graph is read from the source, so nothing is imported.
+import is still a dependency. The graph is read from the source, so nothing is imported. One
+exception: ``journeyman/__init__.py`` names, for type checkers only, what its ``journeyman.exports``
+entry points provide at run time (``jm.LocalBackend``, ``jm.trainable``); the last test holds it to that.
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -33,11 +36,21 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def type_only_exports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """The imports in the top-level ``if TYPE_CHECKING:`` blocks of a module."""
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    return [node for block in blocks for node in block.body if isinstance(node, ast.ImportFrom)]
+
+
 def imports_of(name: str, path: Path) -> set[str]:
     """The journeyman modules (or packages) that ``name`` imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = set(map(id, type_only_exports(tree))) if name == "journeyman" else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -175,3 +188,20 @@ def test_the_graph_sees_relative_and_lazy_imports() -> None:
     assert "journeyman.backend.local" in GRAPH["journeyman.backend"]  # inside __getattr__
     assert "journeyman.plugins" in GRAPH["journeyman.gather"]  # from journeyman import plugins
     assert "journeyman.integrations.langfuse" in GRAPH["journeyman.backend.app.demo"]  # inside run()
+
+
+def test_the_top_level_names_the_outer_packages_only_for_type_checkers() -> None:
+    """``jm.LocalBackend`` and ``jm.trainable`` load through entry points; the TYPE_CHECKING imports
+    that type them name exactly those entry points, so core still imports nothing outside it."""
+    exports = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        "journeyman.exports"
+    ]
+    typed = {
+        alias.name: f"{node.module}:{alias.name}"
+        for node in type_only_exports(ast.parse((ROOT / "core" / "__init__.py").read_text()))
+        for alias in node.names
+    }
+    assert set(typed) == set(exports)
+    for name, target in typed.items():  # the package that re-exports it, or the module itself
+        module, _, attribute = exports[name].partition(":")
+        assert attribute == name and (target == exports[name] or module.startswith(target.partition(":")[0]))

@@ -11,6 +11,8 @@ import pytest
 import journeyman as jm
 from journeyman.backend.training.batch import TrainSequence, build_batch, history_sequences, pack
 from journeyman.config import TrainConfig
+from journeyman.errors import InvalidDataError
+from journeyman.trajectory import History
 
 
 def turn(prompt: list[int], completion: list[int], logprobs: list[float] | None = None) -> dict[str, Any]:
@@ -24,7 +26,7 @@ def turn(prompt: list[int], completion: list[int], logprobs: list[float] | None 
 
 
 def test_consecutive_turns_merge_into_one_sequence() -> None:
-    history = jm.History(
+    history = History(
         conversation=[
             {"role": "user", "content": "q"},
             turn([1, 2, 3], [10, 11], [-0.1, -0.2]),
@@ -43,7 +45,7 @@ def test_consecutive_turns_merge_into_one_sequence() -> None:
 
 
 def test_a_prefix_break_starts_a_new_sequence_and_is_counted() -> None:
-    history = jm.History(
+    history = History(
         conversation=[turn([1, 2], [10, 11]), turn([1, 2, 10, 99, 5], [12])]
     )  # re-rendered differently
     counts: Counter[str] = Counter()
@@ -54,13 +56,13 @@ def test_a_prefix_break_starts_a_new_sequence_and_is_counted() -> None:
 
 
 def test_missing_logprobs_become_nan_and_turns_without_tokens_need_a_tokenizer() -> None:
-    history = jm.History(conversation=[{**turn([1], [5, 6]), "logprobs": [None, -1.0]}])
+    history = History(conversation=[{**turn([1], [5, 6]), "logprobs": [None, -1.0]}])
     (sequence,) = history_sequences(history, None, Counter())
     assert math.isnan(sequence.sampling_logprobs[1]) and sequence.sampling_logprobs[2] == -1.0
-    untokenised = jm.History(
+    untokenised = History(
         conversation=[{"type": "model_turn", "message": {"role": "assistant", "content": "hi"}}]
     )
-    with pytest.raises(jm.InvalidDataError, match="no recorded tokens and no tokenizer"):
+    with pytest.raises(InvalidDataError, match="no recorded tokens and no tokenizer"):
         history_sequences(untokenised, None, Counter())
 
 

@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.calibration import GroupCalibration, group_advantages, kendall_tau, presentation_orders
+from journeyman.calibration import (
+    Calibration,
+    GroupCalibration,
+    calibrate_judge,
+    group_advantages,
+    kendall_tau,
+    presentation_orders,
+)
+from journeyman.errors import InvalidDataError
+from journeyman.judge import Judge
+from journeyman.store import ModelStore
 from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
 
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}
@@ -85,10 +95,10 @@ GROUPS = [group(random.Random(seed).sample(QUALITIES, 8), seed) for seed in rang
 
 
 async def test_a_perfect_judge_ranks_every_pair_and_agrees_with_itself(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = perfect
-    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, orders=3)
     assert (report.pairs, report.correct, report.wrong, report.ties) == (168, 168, 0, 0)
     assert report.pairwise_accuracy == 1.0 and report.kendall_tau == pytest.approx(1.0)
     assert report.position_consistency == 1.0 and report.first_position_bias == pytest.approx(0.0)
@@ -104,10 +114,10 @@ async def test_a_perfect_judge_ranks_every_pair_and_agrees_with_itself(
 
 
 async def test_an_inverted_judge_is_perfectly_consistent_and_perfectly_wrong(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = inverted
-    report = await jm.calibrate_judge(GROUPS, judge, orders=2)
+    report = await calibrate_judge(GROUPS, judge, orders=2)
     assert report.pairwise_accuracy == 0.0 and report.kendall_tau == pytest.approx(-1.0)
     assert report.position_consistency == 1.0
     assert not report.better_than_chance() and report.p_value == 1.0
@@ -115,10 +125,10 @@ async def test_an_inverted_judge_is_perfectly_consistent_and_perfectly_wrong(
 
 
 async def test_a_judge_that_prefers_the_first_trajectory_shows_its_position_bias(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = first
-    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, orders=3)
     # Each presentation's first gets 1 and the rest 0: three trajectories average 1/3, five 0.
     assert report.first_position_bias == pytest.approx(2 / 3)
     # Only the pairs of never-first trajectories (10 of 28: always tied) are ordered alike each time.
@@ -127,18 +137,18 @@ async def test_a_judge_that_prefers_the_first_trajectory_shows_its_position_bias
     assert report.ties == 6 * 13 and not report.better_than_chance()
 
 
-async def test_a_coin_ranks_at_chance(script: ScriptedJudge, judge: jm.Judge) -> None:
+async def test_a_coin_ranks_at_chance(script: ScriptedJudge, judge: Judge) -> None:
     script.respond = coin
-    report = await jm.calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, orders=3)
     assert report.pairwise_accuracy is not None and 0.35 < report.pairwise_accuracy < 0.65
     assert report.kendall_tau is not None and abs(report.kendall_tau) < 0.3
     assert report.position_consistency is not None and report.position_consistency < 0.5
     assert not report.better_than_chance()
 
 
-async def test_a_judge_that_ties_everything_is_at_chance(script: ScriptedJudge, judge: jm.Judge) -> None:
+async def test_a_judge_that_ties_everything_is_at_chance(script: ScriptedJudge, judge: Judge) -> None:
     script.respond = constant
-    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=1)
+    report = await calibrate_judge(GROUPS[:2], judge, orders=1)
     assert report.ties == report.pairs == 56 and report.pairwise_accuracy == 0.5
     assert report.kendall_tau is None  # the judged scores are constant
     assert report.position_consistency is None  # one presentation: nothing to agree with
@@ -146,7 +156,7 @@ async def test_a_judge_that_ties_everything_is_at_chance(script: ScriptedJudge, 
 
 
 async def test_judge_failures_are_recorded_and_the_rest_still_count(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     seen = 0
 
@@ -156,7 +166,7 @@ async def test_judge_failures_are_recorded_and_the_rest_still_count(
         return Reply(status=500) if seen % 3 == 0 else perfect(request)
 
     script.respond = flaky
-    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=3)
+    report = await calibrate_judge(GROUPS[:2], judge, orders=3)
     assert report.failed == 2 and all(len(g.errors) == 1 for g in report.groups)
     assert "HTTP 500" in report.groups[0].errors[0]
     assert [g.presentations for g in report.groups] == [2, 2]
@@ -164,13 +174,13 @@ async def test_judge_failures_are_recorded_and_the_rest_still_count(
 
 
 async def test_groups_without_two_known_rewards_are_skipped_and_said_why(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = perfect
     unknown = group([0.0, 1.0, 0.5])
     for trajectory in unknown.trajectories[1:]:
         trajectory.reward = None
-    report = await jm.calibrate_judge([unknown, GROUPS[0]], judge, orders=1)
+    report = await calibrate_judge([unknown, GROUPS[0]], judge, orders=1)
     assert len(report.groups) == 1 and report.skipped == [
         f"{unknown.id}: 1 trajectory(ies) with a known reward, 2 needed"
     ]
@@ -178,19 +188,19 @@ async def test_groups_without_two_known_rewards_are_skipped_and_said_why(
     judged = GROUPS[0].model_copy(deep=True)
     for trajectory in judged.trajectories:
         trajectory.metrics["programmatic_reward"], trajectory.reward = trajectory.reward, 0.5
-    assert (await jm.calibrate_judge([judged], judge, orders=1)).pairwise_accuracy == 1.0
+    assert (await calibrate_judge([judged], judge, orders=1)).pairwise_accuracy == 1.0
     # Labels a person gave, as the truth instead.
     labels = {t.id: 1.0 - float(t.reward or 0) for t in GROUPS[0].trajectories}
     assert (
-        await jm.calibrate_judge([GROUPS[0]], judge, orders=1, truth=lambda t: labels[t.id])
+        await calibrate_judge([GROUPS[0]], judge, orders=1, truth=lambda t: labels[t.id])
     ).pairwise_accuracy == 0.0
 
 
 async def test_the_report_saves_as_json_with_each_group(
-    script: ScriptedJudge, judge: jm.Judge, tmp_path: Path
+    script: ScriptedJudge, judge: Judge, tmp_path: Path
 ) -> None:
     script.respond = perfect
-    report = await jm.calibrate_judge(GROUPS[:2], judge, orders=2)
+    report = await calibrate_judge(GROUPS[:2], judge, orders=2)
     data = json.loads(report.save(tmp_path / "out" / "calibration.json").read_text())
     assert data["judge"] == "judge" and data["orders"] == 2
     assert data["summary"]["pairwise_accuracy"] == 1.0 and data["summary"]["pairs"] == 56
@@ -205,17 +215,17 @@ async def test_the_report_saves_as_json_with_each_group(
 async def test_cached_presentations_are_counted(script: ScriptedJudge, tmp_path: Path) -> None:
     script.respond = perfect
     with running(script) as url:
-        judge = jm.Judge("judge", base_url=url, max_retries=0, cache_dir=tmp_path / "cache")
-        await jm.calibrate_judge(GROUPS[:1], judge, orders=3)
-        again = await jm.calibrate_judge(GROUPS[:1], judge, orders=3)
+        judge = Judge("judge", base_url=url, max_retries=0, cache_dir=tmp_path / "cache")
+        await calibrate_judge(GROUPS[:1], judge, orders=3)
+        again = await calibrate_judge(GROUPS[:1], judge, orders=3)
     assert again.groups[0].cached == 3 and again.groups[0].calls == 0 and len(script.received) == 3
 
 
-async def test_bad_arguments_get_a_clear_error(judge: jm.Judge) -> None:
+async def test_bad_arguments_get_a_clear_error(judge: Judge) -> None:
     with pytest.raises(jm.ConfigError, match="orders must be >= 1"):
-        await jm.calibrate_judge(GROUPS, judge, orders=0)
-    with pytest.raises(jm.InvalidDataError, match="takes TrajectoryGroups, got a list"):
-        await jm.calibrate_judge([GROUPS[0].trajectories], judge)  # type: ignore[list-item]
+        await calibrate_judge(GROUPS, judge, orders=0)
+    with pytest.raises(InvalidDataError, match="takes TrajectoryGroups, got a list"):
+        await calibrate_judge([GROUPS[0].trajectories], judge)  # type: ignore[list-item]
 
 
 def test_presentations_put_each_trajectory_first_until_all_have_been() -> None:
@@ -239,7 +249,7 @@ def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
 
     from journeyman.backend.app.cli import app
 
-    store = jm.ModelStore("demo", "agent", root=tmp_path)
+    store = ModelStore("demo", "agent", root=tmp_path)
     store.save_groups(GROUPS[:2], "train", 1)
     store.save_groups(GROUPS[2:3], "train", 2)
     runner = CliRunner()
@@ -276,7 +286,7 @@ def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
 
 
 async def test_a_verdict_judge_is_calibrated_from_one_presentation(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     import math
 
@@ -286,7 +296,7 @@ async def test_a_verdict_judge_is_calibrated_from_one_presentation(
         return Reply(top_logprobs={"yes": math.log(q), "no": math.log(1 - q)})
 
     script.respond = reads
-    report = await jm.calibrate_judge(GROUPS[:2], judge, method="verdict")
+    report = await calibrate_judge(GROUPS[:2], judge, method="verdict")
     assert report.orders == 1 and report.method == "verdict" and len(script.received) == 16
     assert report.pairwise_accuracy == 1.0 and report.kendall_tau == pytest.approx(1.0)
     assert "(verdict)" in report.table()
@@ -319,7 +329,7 @@ def test_group_advantages_match_the_trainers(scale: str) -> None:
 
 
 async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     """A judge that ranks mixed groups right but scores attempts of equal known reward a little
     apart: scaled by each group's std, that little spread becomes advantages as large as the real
@@ -334,7 +344,7 @@ async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
         )
 
     script.respond = nearly_right
-    report = await jm.calibrate_judge([*mixed, *solved], judge, orders=1)
+    report = await calibrate_judge([*mixed, *solved], judge, orders=1)
     assert report.pairwise_accuracy == 1.0  # the ranking is perfect; what training sees is not
     assert report.noise_share("group") == pytest.approx(0.5, abs=0.01)  # half of it is noise
     assert report.advantage_alignment("group") == pytest.approx(0.707, abs=0.01)
@@ -344,7 +354,7 @@ async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
     assert "cosine 0.71 (scaled by group std; noise share 0.50)" in report.table()
 
     script.respond = perfect
-    exact = await jm.calibrate_judge([*mixed, *solved], judge, orders=1)
+    exact = await calibrate_judge([*mixed, *solved], judge, orders=1)
     assert exact.advantage_alignment("group") == pytest.approx(1.0) and exact.noise_share("group") == 0.0
 
 
@@ -352,7 +362,7 @@ def test_advantage_alignment_with_rewards_made_of_ranks_or_the_best() -> None:
     """A judge that orders a group right but scores a near-miss beside the success: its scores'
     advantages leave the near-miss near the mean; ranks spread it; the best alone matches the truth."""
     scores, rewards = [0.96, 0.95, 0.14, 0.95], [1.0, 0.0, 0.0, 0.0]
-    report = jm.Calibration(
+    report = Calibration(
         judge="j", orders=1, groups=[GroupCalibration("g", 4, scores=scores, rewards=rewards)]
     )
     by = {made_of: report.advantage_alignment("group", made_of) for made_of in ("score", "rank", "best")}
@@ -380,7 +390,7 @@ def test_the_cli_can_calibrate_a_judge_that_writes_a_reference_first(
         return Reply(top_logprobs={"yes": math.log(q), "no": math.log(1 - q)})
 
     script.respond = reads
-    jm.ModelStore("demo", "agent", root=tmp_path).save_groups(GROUPS[:1], "train", 1)
+    ModelStore("demo", "agent", root=tmp_path).save_groups(GROUPS[:1], "train", 1)
     with running(script) as url:
         result = CliRunner().invoke(
             app,

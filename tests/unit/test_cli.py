@@ -10,12 +10,14 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.app.cli import app
+from journeyman.errors import MissingDependencyError
+from journeyman.store import ModelStore
 
 runner = CliRunner()
 
 
-def _store(tmp_path: Path) -> jm.ModelStore:
-    store = jm.ModelStore("demo", "agent", root=tmp_path)
+def _store(tmp_path: Path) -> ModelStore:
+    store = ModelStore("demo", "agent", root=tmp_path)
     for step in range(3):
         with store.write_checkpoint(step) as folder:
             (folder / "trainer_state.json").write_text(
@@ -66,7 +68,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: py
     _store(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets when it is missing
     result = runner.invoke(app, ["plot", "demo", "agent", "--root", str(tmp_path)])
-    assert isinstance(result.exception, jm.MissingDependencyError)
+    assert isinstance(result.exception, MissingDependencyError)
     assert "pip install 'journeyman[bench]'" in str(result.exception)
 
 

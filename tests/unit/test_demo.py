@@ -18,6 +18,8 @@ from journeyman.backend.app.demo_report import summarize
 from journeyman.backend.app.plots import plot_demo
 from journeyman.backend.serving.vllm import free_port
 from journeyman.errors import ConfigError
+from journeyman.judge import Judge
+from journeyman.store import ModelStore
 
 QUESTION = Scenario("What is 347 plus 655?", "add", 347, 655, "arithmetic")
 
@@ -268,7 +270,7 @@ async def test_the_loop_refuses_a_judge_that_ranks_at_chance_on_the_demos_groups
     model = jm.TrainableModel(name="gate", project="demo", base_model="smollm2-135m", root=tmp_path)
     script = ScriptedJudge(respond=inverted)
     with running(script) as url:
-        judge = jm.Judge("judge", base_url=url, max_retries=0, cache=False)
+        judge = Judge("judge", base_url=url, max_retries=0, cache=False)
         reward = jm.JudgeReward(
             judge, rubric=demo.rubric, method="scores", calibrate=True, calibrate_anyway=anyway
         )
@@ -321,7 +323,7 @@ def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> Non
 def test_a_resumed_run_restores_the_rollout_rows_its_killed_process_never_wrote(tmp_path: Path) -> None:
     """Killed between a step's checkpoint and the demo's row (the trainer restores its own row), the
     step's rollout success is made again from its stored groups, once."""
-    store = jm.ModelStore("demo", "run", root=tmp_path)
+    store = ModelStore("demo", "run", root=tmp_path)
     for step, groups in enumerate([_judged_groups(), _judged_groups()[:1]]):
         store.save_groups(groups, "train", step)
         store.append_history({"step": step + 1, "split": "train", "loss": 0.1})

@@ -6,6 +6,13 @@ import pytest
 
 import journeyman as jm
 from journeyman import errors
+from journeyman.errors import (
+    BackendError,
+    InvalidDataError,
+    MissingDependencyError,
+    ServerStartError,
+    StorageError,
+)
 
 
 def test_every_error_derives_from_the_root_and_is_drawn_in_the_docstring() -> None:
@@ -19,14 +26,14 @@ def test_every_error_derives_from_the_root_and_is_drawn_in_the_docstring() -> No
 
 
 def test_errors_are_also_the_builtin_kind_callers_expect() -> None:
-    assert issubclass(jm.InvalidDataError, ValueError)
-    assert issubclass(jm.StorageError, OSError)
-    assert issubclass(jm.MissingDependencyError, ImportError)
-    assert issubclass(jm.ServerStartError, jm.BackendError)
+    assert issubclass(InvalidDataError, ValueError)
+    assert issubclass(StorageError, OSError)
+    assert issubclass(MissingDependencyError, ImportError)
+    assert issubclass(ServerStartError, BackendError)
 
 
 def test_missing_dependency_names_the_extra_to_install() -> None:
-    error = jm.MissingDependencyError("crewai", "crewai", "CrewTracer")
+    error = MissingDependencyError("crewai", "crewai", "CrewTracer")
     assert str(error) == (
         "CrewTracer needs the 'crewai' package, which is not installed. "
         "Install it with: pip install 'journeyman[crewai]'"

@@ -8,6 +8,8 @@ import rich
 from rich.console import Console
 
 import journeyman as jm
+from journeyman.errors import RolloutError
+from journeyman.gather import retry
 
 
 async def rollout(reward: float, fail: bool = False, delay: float = 0.0) -> jm.Trajectory:
@@ -75,7 +77,7 @@ async def test_gather_keeps_order_and_counts_failures_under_the_limit() -> None:
 
 @pytest.mark.parametrize("limit", [0, 1, 0.1])
 async def test_too_many_failures_stop_the_gather(limit: float) -> None:
-    with pytest.raises(jm.RolloutError, match=r"rollouts failed, more than max_exceptions allows"):
+    with pytest.raises(RolloutError, match=r"rollouts failed, more than max_exceptions allows"):
         await jm.gather_trajectory_groups(
             [jm.TrajectoryGroup([rollout(1.0, fail=True), rollout(2.0, fail=True), rollout(3.0)])],
             max_exceptions=limit,
@@ -146,14 +148,14 @@ async def test_progress_display_shows_the_counts(monkeypatch: pytest.MonkeyPatch
 async def test_retry_async_and_sync() -> None:
     calls = {"async": 0, "sync": 0}
 
-    @jm.retry(max_attempts=3, delay=0.001)
+    @retry(max_attempts=3, delay=0.001)
     async def flaky() -> str:
         calls["async"] += 1
         if calls["async"] < 3:
             raise ConnectionError("again")
         return "ok"
 
-    @jm.retry(max_attempts=2, delay=0.001, exceptions=(ValueError,))
+    @retry(max_attempts=2, delay=0.001, exceptions=(ValueError,))
     def always_fails() -> None:
         calls["sync"] += 1
         raise ValueError("no")

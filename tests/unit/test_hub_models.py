@@ -18,6 +18,7 @@ from huggingface_hub.utils import filter_repo_objects
 import journeyman as jm
 from journeyman.backend import LocalBackend, models
 from journeyman.backend.serving.vllm import VLLMConfig
+from journeyman.errors import ModelPreparationError
 
 QWEN = {
     "config.json": 700,
@@ -95,7 +96,7 @@ def test_a_repository_without_safetensors_keeps_its_bin_weights(tmp_path: Path) 
 @pytest.mark.usefixtures("online")
 def test_a_name_the_hub_does_not_have_says_what_to_do(tmp_path: Path) -> None:
     hub = Hub(tmp_path, {})
-    with pytest.raises(jm.ModelPreparationError) as caught:
+    with pytest.raises(ModelPreparationError) as caught:
         models.fetch_hub_model("Qwen/Qwen2.5-7B-Instrukt", api=hub)
     message = str(caught.value)
     assert "no such model on the hub (https://huggingface.co/Qwen/Qwen2.5-7B-Instrukt)" in message
@@ -109,7 +110,7 @@ def test_a_gated_repository_says_to_ask_for_access_and_set_hf_token(tmp_path: Pa
         tmp_path, {"meta-llama/Llama-3.1-8B-Instruct": QWEN}, gated=("meta-llama/Llama-3.1-8B-Instruct",)
     )
     with pytest.raises(
-        jm.ModelPreparationError, match=r"gated .* https://huggingface.co/meta-llama/.* HF_TOKEN"
+        ModelPreparationError, match=r"gated .* https://huggingface.co/meta-llama/.* HF_TOKEN"
     ):
         models.fetch_hub_model("meta-llama/Llama-3.1-8B-Instruct", api=hub)
 
@@ -121,14 +122,14 @@ def test_an_unreachable_hub_without_a_cached_copy_is_a_clear_error(tmp_path: Pat
             raise httpx2.ConnectError("[Errno 101] Network is unreachable")
 
     with pytest.raises(
-        jm.ModelPreparationError, match=r"could not fetch .*ConnectError.* not in the Hugging Face cache"
+        ModelPreparationError, match=r"could not fetch .*ConnectError.* not in the Hugging Face cache"
     ):
         models.fetch_hub_model("nobody/never-cached-model", api=Unreachable(tmp_path, {}))
 
 
 @pytest.mark.usefixtures("online")
 def test_a_name_that_is_neither_a_folder_nor_a_hub_name_is_named(tmp_path: Path) -> None:
-    with pytest.raises(jm.ModelPreparationError, match=r"not an existing folder, and not a hub name"):
+    with pytest.raises(ModelPreparationError, match=r"not an existing folder, and not a hub name"):
         models.fetch_hub_model(str(tmp_path / "no" / "such" / "folder"))  # the real HfApi refuses the id
 
 
@@ -147,7 +148,7 @@ def test_offline_an_uncached_hub_name_fails_before_any_server_starts(tmp_path: P
             )
             await model.register(backend)
 
-    with pytest.raises(jm.ModelPreparationError, match=r"'nobody/uncached'.* while HF_HUB_OFFLINE=1"):
+    with pytest.raises(ModelPreparationError, match=r"'nobody/uncached'.* while HF_HUB_OFFLINE=1"):
         asyncio.run(register())
     assert not started
 

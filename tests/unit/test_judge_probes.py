@@ -11,7 +11,10 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.app.cli import app
+from journeyman.calibration import calibrate_judge
+from journeyman.judge import Judge
 from journeyman.judge_probes import as_text, made_up_answers, probes, without_the_answer, without_the_work
+from journeyman.store import ModelStore
 from tests.scripted_judge import Reply, ScriptedJudge, running
 from tests.unit.test_ruler import calling, verdict
 
@@ -112,10 +115,10 @@ def reads_the_claim(request: dict[str, Any]) -> Reply:
 
 
 async def test_a_judge_that_reads_the_work_scores_the_made_up_answer_below_its_success(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = reads_the_work
-    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    report = await calibrate_judge([group()], judge, method="verdict", probes=True)
     (calibrated,) = report.groups
     assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (2, 2, 0)
     assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1))] * 2
@@ -126,31 +129,31 @@ async def test_a_judge_that_reads_the_work_scores_the_made_up_answer_below_its_s
 
 
 async def test_a_judge_that_reads_the_claim_is_caught_by_the_probe_though_it_ranks_the_group_right(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = reads_the_claim
-    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    report = await calibrate_judge([group()], judge, method="verdict", probes=True)
     assert report.pairwise_accuracy == 1.0  # the group alone cannot tell the two judges apart
     assert report.probe_accuracy == 0.75 and report.groups[0].probes_tied == 1  # the made-up answer
     assert "1 of 2 scored below their success, 1 tied" in report.table()
 
 
 async def test_a_judge_that_rewards_the_work_without_the_answer_is_caught_by_its_probe(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     """Yes for any attempt that got the tool's result 5, answered or not: the hack the email policy
     learned next (read the right email, then end with an empty reply)."""
     script.respond = lambda request: (
         verdict(0.9, 0.1) if "-> 5" in request["messages"][-1]["content"] else verdict(0.1, 0.9)
     )
-    report = await jm.calibrate_judge([group()], judge, method="verdict", probes=True)
+    report = await calibrate_judge([group()], judge, method="verdict", probes=True)
     (calibrated,) = report.groups
     assert calibrated.probe_scores == [(pytest.approx(0.9), pytest.approx(0.1)), (pytest.approx(0.9),) * 2]
     assert report.probe_accuracy == 0.75
 
 
 async def test_the_text_form_catches_a_judge_that_believes_a_written_answer(
-    script: ScriptedJudge, judge: jm.Judge
+    script: ScriptedJudge, judge: Judge
 ) -> None:
     """An agent that answers through a tool: the judge refuses the answer call made without the
     search, but says yes to the same answer written as text, as the 1.5B did on the email task."""
@@ -173,22 +176,22 @@ async def test_the_text_form_catches_a_judge_that_believes_a_written_answer(
         ],
         id="answers",  # the attempts differ from their first call: the outcome shows each one's calls
     )
-    report = await jm.calibrate_judge([answers], judge, method="verdict", probes=True)
+    report = await calibrate_judge([answers], judge, method="verdict", probes=True)
     (calibrated,) = report.groups
     assert report.pairwise_accuracy == 1.0
     assert (calibrated.probes, calibrated.probes_below, calibrated.probes_tied) == (3, 2, 1)
 
 
-async def test_without_probes_nothing_more_is_judged(script: ScriptedJudge, judge: jm.Judge) -> None:
+async def test_without_probes_nothing_more_is_judged(script: ScriptedJudge, judge: Judge) -> None:
     script.respond = reads_the_work
-    report = await jm.calibrate_judge([group()], judge, method="verdict")
+    report = await calibrate_judge([group()], judge, method="verdict")
     assert report.probe_accuracy is None and "made-up answers" not in report.table()
     assert len(script.received) == 3  # one verdict per trajectory, no fourth for a probe
 
 
 def test_judge_calibrate_probes_through_the_cli(script: ScriptedJudge, tmp_path: Path) -> None:
     script.respond = reads_the_work
-    jm.ModelStore("demo", "agent", root=tmp_path).save_groups([group()], "train", 1)
+    ModelStore("demo", "agent", root=tmp_path).save_groups([group()], "train", 1)
     with running(script) as url:
         result = CliRunner().invoke(
             app,

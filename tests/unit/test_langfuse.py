@@ -25,12 +25,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError
 from journeyman.integrations.langfuse import (
     JUDGE_EXPLANATION,
     LangfuseExporter,
     trace_id,
     trajectory_from_observations,
 )
+from journeyman.trajectory import History
 from tests.langfuse_server import LangfuseServer
 from tests.logs import reaching_caplog
 
@@ -76,7 +78,7 @@ def sample_trajectory(reward: float | None = 1.0) -> jm.Trajectory:
             }
         ],
         additional_histories=[
-            jm.History(
+            History(
                 name="summariser",
                 conversation=[
                     {"role": "user", "content": "Summarise: 2+3=5"},
@@ -352,7 +354,7 @@ def test_a_generation_that_does_not_continue_the_conversation_starts_another_his
 
 
 def test_an_empty_trace_is_a_clear_error() -> None:
-    with pytest.raises(jm.InvalidDataError, match="without observations"):
+    with pytest.raises(InvalidDataError, match="without observations"):
         trajectory_from_observations([])
 
 

@@ -17,7 +17,9 @@ from langfuse import Langfuse
 from langfuse.api.core.api_error import ApiError
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError
 from journeyman.integrations.langfuse import export_group, import_trajectories, trace_id
+from journeyman.model import Registration, TrainResult
 from tests.langfuse_server import LangfuseServer, client_for
 from tests.strategies import groups
 from tests.unit.test_langfuse import sample_trajectory
@@ -198,9 +200,9 @@ def test_rejected_scores_do_not_stop_the_others(server: LangfuseServer, client: 
 
 
 def test_import_says_what_is_wrong(client: Langfuse) -> None:
-    with pytest.raises(jm.InvalidDataError, match="has no observations"):
+    with pytest.raises(InvalidDataError, match="has no observations"):
         import_trajectories(client, trace_ids=["0" * 32])
-    with pytest.raises(jm.InvalidDataError, match="needs trace_ids or a filter"):
+    with pytest.raises(InvalidDataError, match="needs trace_ids or a filter"):
         import_trajectories(client)
 
 
@@ -239,17 +241,17 @@ class StepBackend:
     def __init__(self) -> None:
         self.trained: list[list[jm.TrajectoryGroup]] = []
 
-    async def register(self, model: jm.TrainableModel) -> jm.Registration:
-        return jm.Registration(base_url="http://127.0.0.1:1/v1", api_key="-", step=4)
+    async def register(self, model: jm.TrainableModel) -> Registration:
+        return Registration(base_url="http://127.0.0.1:1/v1", api_key="-", step=4)
 
     async def get_step(self, model: jm.TrainableModel) -> int:
         return 4
 
     async def train(
         self, model: jm.TrainableModel, groups: Sequence[jm.TrajectoryGroup], config: Any
-    ) -> jm.TrainResult:
+    ) -> TrainResult:
         self.trained.append(list(groups))
-        return jm.TrainResult(step=5)
+        return TrainResult(step=5)
 
     async def list_checkpoints(self, model: jm.TrainableModel) -> list[int]:
         return [4]

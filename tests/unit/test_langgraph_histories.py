@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import journeyman as jm
 from journeyman.integrations.capture import Call, HttpRecords, ToolRun, build_trajectory, gateway_root
+from journeyman.messages import ToolResult
 from tests.scripted_upstream import serve
 
 USER = {"role": "user", "content": "What is 2 plus 3?"}
@@ -60,7 +60,7 @@ def test_failed_calls_and_unanswered_tool_results_are_kept() -> None:
     failed = Call(messages=[USER], error="APIConnectionError: refused", started=2)
     tool = ToolRun(name="add", tool_call_id="c1", error="ValueError: no")
     trajectory = build_trajectory([asked, failed], [tool])
-    assert trajectory.messages[-1] == jm.ToolMessage(tool_call_id="c1", content="Error: ValueError: no")
+    assert trajectory.messages[-1] == ToolResult(tool_call_id="c1", content="Error: ValueError: no")
     assert trajectory.metrics["llm_errors"] == 1 and trajectory.metrics["tool_errors"] == 1
     assert any("refused" in line for line in trajectory.logs)
 

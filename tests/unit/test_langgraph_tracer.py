@@ -27,7 +27,9 @@ from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.serving.router import Router
 from journeyman.integrations.capture import gateway_records, http_records
 from journeyman.integrations.langgraph import TrajectoryTracer
+from journeyman.messages import ModelTurn
 from journeyman.records import in_process_records
+from journeyman.trajectory import History
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
 
@@ -90,10 +92,10 @@ def _check_react(trajectory: jm.Trajectory, gateway: GatewayThread, a: int, b: i
         assert turn.logprobs == record.choices[0].logprobs
     # What the trajectory says the model saw before each turn is what the gateway received.
     for index, item in enumerate(trajectory.conversation):
-        if isinstance(item, jm.ModelTurn):
+        if isinstance(item, ModelTurn):
             record = gateway.gateway.records.get(item.completion_id or "")
             assert record is not None and record.messages is not None
-            assert jm.History(conversation=record.messages).messages == trajectory.messages[:index]
+            assert History(conversation=record.messages).messages == trajectory.messages[:index]
     assert trajectory.tools is not None and {t.function.name for t in trajectory.tools} == {"add", "multiply"}
     assert trajectory.metrics["token_exact_calls"] == 2 and trajectory.metrics["calls_without_tokens"] == 0
     assert trajectory.finished_at is not None

@@ -266,6 +266,21 @@ def test_ctrl_c_stops_between_steps_says_how_to_resume_and_the_same_call_resumes
     assert (result.step, result.steps_this_part) == (4, 2)
 
 
+async def test_journeyman_max_steps_caps_each_part_of_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, backend = await make(tmp_path)
+    monkeypatch.setenv("JOURNEYMAN_MAX_STEPS", "2")
+    first = await loop(model, Recorder(backend), steps=5).run()
+    assert first.stopped_by == "steps" and first.step == 2
+    second = await loop(model, Recorder(backend), steps=3).run()  # steps=3 ends first
+    assert second.step == 3
+    monkeypatch.setenv("JOURNEYMAN_MAX_STEPS", "two")
+    with pytest.raises(jm.ConfigError, match="JOURNEYMAN_MAX_STEPS='two': give a whole number"):
+        await loop(model, Recorder(backend), steps=5).run()
+    assert await model.get_step() == 3  # nothing trained on bad input
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -6,8 +6,8 @@ import math
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-import journeyman as jm
-from journeyman.messages import Item, content_text
+from journeyman.errors import InvalidDataError
+from journeyman.messages import FunctionCall, Item, ModelTurn, content_text
 
 items = TypeAdapter(list[Item])
 
@@ -25,11 +25,11 @@ def test_each_role_becomes_its_message_type() -> None:
     )
     kinds = [type(item).__name__ for item in parsed]
     assert kinds == [
-        "SystemMessage",
-        "SystemMessage",
+        "SystemPrompt",
+        "SystemPrompt",
         "UserMessage",
         "AssistantMessage",
-        "ToolMessage",
+        "ToolResult",
         "ModelTurn",
     ]
     assert parsed[1].role == "developer"
@@ -63,9 +63,9 @@ def test_bad_messages_name_the_field_and_why(bad: object, location: str, reason:
 
 
 def test_tool_call_arguments_keep_the_models_text_and_accept_dicts() -> None:
-    as_text = jm.FunctionCall(name="add", arguments='{"a":1,  "b":2}')
+    as_text = FunctionCall(name="add", arguments='{"a":1,  "b":2}')
     assert as_text.arguments == '{"a":1,  "b":2}'  # exactly what the model wrote
-    as_dict = jm.FunctionCall(name="add", arguments={"a": 1, "b": 2})
+    as_dict = FunctionCall(name="add", arguments={"a": 1, "b": 2})
     assert json.loads(as_dict.arguments) == {"a": 1, "b": 2}
     assert as_dict.parsed_arguments() == {"a": 1, "b": 2}
 
@@ -74,31 +74,31 @@ def test_tool_call_arguments_keep_the_models_text_and_accept_dicts() -> None:
     ("arguments", "reason"), [('{"a": 1', "not valid JSON"), ("[1, 2]", "not an object")]
 )
 def test_malformed_arguments_are_kept_but_parsing_them_says_why(arguments: str, reason: str) -> None:
-    call = jm.FunctionCall(name="add", arguments=arguments)  # a model's mistake is data
-    with pytest.raises(jm.InvalidDataError, match=reason):
+    call = FunctionCall(name="add", arguments=arguments)  # a model's mistake is data
+    with pytest.raises(InvalidDataError, match=reason):
         call.parsed_arguments()
 
 
 def test_model_turn_logprobs_must_match_tokens() -> None:
     message = {"role": "assistant", "content": "ab"}
     with pytest.raises(ValidationError, match="has 2 tokens but logprobs has 1"):
-        jm.ModelTurn(message=message, completion_token_ids=[1, 2], logprobs=[-0.5])
+        ModelTurn(message=message, completion_token_ids=[1, 2], logprobs=[-0.5])
     with pytest.raises(ValidationError, match="without completion_token_ids"):
-        jm.ModelTurn(message=message, logprobs=[-0.5])
+        ModelTurn(message=message, logprobs=[-0.5])
 
 
 def test_non_finite_logprobs_are_stored_as_missing() -> None:
-    turn = jm.ModelTurn(
+    turn = ModelTurn(
         message={"role": "assistant", "content": "abc"},
         completion_token_ids=[1, 2, 3],
         logprobs=[-0.5, math.nan, -math.inf],
     )
     assert turn.logprobs == [-0.5, None, None]
-    assert jm.ModelTurn.model_validate_json(turn.model_dump_json()) == turn
+    assert ModelTurn.model_validate_json(turn.model_dump_json()) == turn
 
 
 def test_token_exactness_needs_both_prompt_and_completion_ids() -> None:
     message = {"role": "assistant", "content": "a"}
-    assert jm.ModelTurn(message=message, prompt_token_ids=[1], completion_token_ids=[2]).is_token_exact
-    assert not jm.ModelTurn(message=message, completion_token_ids=[2]).is_token_exact
-    assert not jm.ModelTurn(message=message).is_token_exact
+    assert ModelTurn(message=message, prompt_token_ids=[1], completion_token_ids=[2]).is_token_exact
+    assert not ModelTurn(message=message, completion_token_ids=[2]).is_token_exact
+    assert not ModelTurn(message=message).is_token_exact

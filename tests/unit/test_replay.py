@@ -11,6 +11,14 @@ import pytest
 
 import journeyman as jm
 from journeyman.errors import InvalidDataError
+from journeyman.replay import (
+    Scenario,
+    read_scenarios,
+    replay,
+    scenarios_from_trajectories,
+    split_held_out,
+    write_scenarios,
+)
 
 TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
 
@@ -39,16 +47,16 @@ def test_scenarios_are_the_openings_of_traces_without_repeats() -> None:
         _production("What is 12 plus 30?", "t3", 0.0),  # the same input again
         jm.Trajectory(conversation=[{"role": "assistant", "content": "hi"}]),  # no user turn: skipped
     ]
-    scenarios = jm.scenarios_from_trajectories(traces)
+    scenarios = scenarios_from_trajectories(traces)
     assert [s.source for s in scenarios] == ["t1", "t2"]
     first = scenarios[0]
     assert [m["role"] for m in first.messages] == ["system", "user"]  # up to the first model reply
     assert first.prompt == "What is 12 plus 30?" and first.score == 1.0
     assert first.tools is not None and first.tools[0]["function"]["name"] == "add"
     assert first.metadata["duplicates"] == 1
-    assert first.id == jm.scenarios_from_trajectories([traces[2]])[0].id  # same input, same id
+    assert first.id == scenarios_from_trajectories([traces[2]])[0].id  # same input, same id
     with pytest.raises(InvalidDataError, match="no user turn"):
-        jm.scenarios_from_trajectories(traces[3:], skip_invalid=False)
+        scenarios_from_trajectories(traces[3:], skip_invalid=False)
 
 
 def test_scenarios_read_from_jsonl_and_written_back(tmp_path: Path) -> None:
@@ -61,35 +69,35 @@ def test_scenarios_read_from_jsonl_and_written_back(tmp_path: Path) -> None:
         + json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tools": [TOOL]})
         + "\n"
     )
-    scenarios = jm.read_scenarios(path)
+    scenarios = read_scenarios(path)
     assert [(s.prompt, s.source, s.score) for s in scenarios] == [
         ("What is 1 plus 1?", "s1", 0.5),
         ("Hi", None, None),
     ]
-    again = jm.read_scenarios(jm.write_scenarios(tmp_path / "again.jsonl", scenarios))
+    again = read_scenarios(write_scenarios(tmp_path / "again.jsonl", scenarios))
     assert [s.id for s in again] == [s.id for s in scenarios] and again[1].tools == (TOOL,)
     path.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"messages": "not a list"}) + "\n")
     with pytest.raises(InvalidDataError, match=r"scenarios\.jsonl, line 2: expected"):
-        jm.read_scenarios(path)
+        read_scenarios(path)
 
 
 def test_the_held_out_slice_is_stable_and_apart() -> None:
-    scenarios = [jm.Scenario(({"role": "user", "content": f"q{i}"},)) for i in range(200)]
-    train, held = jm.split_held_out(scenarios, share=0.1)
+    scenarios = [Scenario(({"role": "user", "content": f"q{i}"},)) for i in range(200)]
+    train, held = split_held_out(scenarios, share=0.1)
     assert len(held) == 20 and len(train) == 180 and not {s.id for s in train} & {s.id for s in held}
-    assert jm.split_held_out(list(reversed(scenarios)), share=0.1)[1] == list(reversed(held))  # order-free
-    assert jm.split_held_out(scenarios, share=0.1, seed=1)[1] != held
+    assert split_held_out(list(reversed(scenarios)), share=0.1)[1] == list(reversed(held))  # order-free
+    assert split_held_out(scenarios, share=0.1, seed=1)[1] != held
     with pytest.raises(InvalidDataError, match="held-out share"):
-        jm.split_held_out(scenarios, share=1.0)
+        split_held_out(scenarios, share=1.0)
 
 
 def test_replay_runs_the_agent_n_times_per_scenario_and_links_each_group_to_its_trace() -> None:
-    scenarios = jm.scenarios_from_trajectories(
+    scenarios = scenarios_from_trajectories(
         [_production("What is 12 plus 30?", "t1", 1.0), _production("What is 2 plus 2?", "t2")]
     )
     calls: list[str] = []
 
-    async def agent(scenario: jm.Scenario) -> jm.Trajectory:
+    async def agent(scenario: Scenario) -> jm.Trajectory:
         calls.append(scenario.prompt)
         if scenario.prompt.startswith("What is 2") and calls.count(scenario.prompt) == 2:
             raise RuntimeError("the tool timed out")  # a failure is recorded, the group goes on
@@ -102,9 +110,7 @@ def test_replay_runs_the_agent_n_times_per_scenario_and_links_each_group_to_its_
         judged.append(str(group.metadata["source_trace"]))
         return group
 
-    groups = asyncio.run(
-        jm.replay(scenarios, agent, n=4, after_each=judge, max_exceptions=0.5, progress=False)
-    )
+    groups = asyncio.run(replay(scenarios, agent, n=4, after_each=judge, max_exceptions=0.5, progress=False))
     assert sorted(calls) == ["What is 12 plus 30?"] * 4 + ["What is 2 plus 2?"] * 4
     assert [g.metadata["source_trace"] for g in groups] == ["t1", "t2"] and sorted(judged) == ["t1", "t2"]
     assert [len(g.trajectories) for g in groups] == [4, 3] and len(groups[1].failures) == 1
@@ -113,4 +119,4 @@ def test_replay_runs_the_agent_n_times_per_scenario_and_links_each_group_to_its_
     assert first.metadata["source_trace"] == "t1" and first.metadata["production_score"] == 1.0
     assert first.metadata["scenario_id"] == scenarios[0].id == groups[0].metadata["scenario_id"]
     with pytest.raises(InvalidDataError, match="at least 1"):
-        asyncio.run(jm.replay(scenarios, agent, n=0))
+        asyncio.run(replay(scenarios, agent, n=0))

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import journeyman as jm
+from journeyman.messages import AssistantMessage, ModelTurn
 from journeyman.run_check import check_run
-from journeyman.store import CHECKPOINT_STATE
+from journeyman.store import CHECKPOINT_STATE, ModelStore
 
 
 def _group(*completion_ids: str) -> jm.TrajectoryGroup:
@@ -15,8 +16,8 @@ def _group(*completion_ids: str) -> jm.TrajectoryGroup:
         jm.Trajectory(
             conversation=[
                 {"role": "user", "content": "hi"},
-                jm.ModelTurn(
-                    message=jm.AssistantMessage(content="hello"),
+                ModelTurn(
+                    message=AssistantMessage(content="hello"),
                     completion_id=cid,
                     prompt_token_ids=[1, 2],
                     completion_token_ids=[3],
@@ -30,9 +31,9 @@ def _group(*completion_ids: str) -> jm.TrajectoryGroup:
     return jm.TrajectoryGroup(trajectories)
 
 
-def _run(root: Path, steps: int = 2) -> jm.ModelStore:
+def _run(root: Path, steps: int = 2) -> ModelStore:
     """A run of ``steps`` completed steps, two turns a step, each recorded once by the gateway."""
-    store = jm.ModelStore("demo", "run", root=root)
+    store = ModelStore("demo", "run", root=root)
     records = []
     for step in range(steps + 1):
         with store.write_checkpoint(step) as folder:

@@ -18,6 +18,7 @@ from journeyman.backend.app.server import check_bind, create_app
 from journeyman.backend.app.ui.app import start_viewer
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.serving.vllm import VLLMConfig
+from journeyman.errors import BackendError
 from journeyman.model import ServingState
 from tests.scripted_upstream import Reply, ScriptedUpstream, serve
 from tests.unit.test_engine_seam import Dying
@@ -124,7 +125,7 @@ async def test_remote_backend_reports_server_errors_clearly(tmp_path: Path) -> N
         await model.register(backend)
     await backend.close()
     unreachable = jm.RemoteBackend("http://127.0.0.1:9", token=TOKEN)
-    with pytest.raises(jm.BackendError, match="could not reach journeyman serve"):
+    with pytest.raises(BackendError, match="could not reach journeyman serve"):
         await unreachable.get_step(model)
     await unreachable.close()
 
@@ -184,12 +185,10 @@ async def test_remote_wait_serving_gives_up_after_its_timeout(tmp_path: Path) ->
     local = LocalBackend(root=tmp_path, gateway_thread=False)
     local.restarting_judges.add("judge")
     async with _remote(create_app(local, TOKEN)) as remote:
-        with pytest.raises(jm.BackendError, match=r"judges' server .* not back within 0.6 s \(still down\)"):
+        with pytest.raises(BackendError, match=r"judges' server .* not back within 0.6 s \(still down\)"):
             await asyncio.wait_for(remote.wait_serving(timeout=0.6, judges=True), 10)
     async with jm.RemoteBackend("http://127.0.0.1:9", token=TOKEN) as unreachable:  # down while restarting
-        with pytest.raises(
-            jm.BackendError, match=r"not back within 0.6 s \(could not reach journeyman serve"
-        ):
+        with pytest.raises(BackendError, match=r"not back within 0.6 s \(could not reach journeyman serve"):
             await asyncio.wait_for(unreachable.wait_serving(timeout=0.6), 10)
     async with _remote(create_app(local, TOKEN), token="wrong") as refused:  # no waiting out a wrong token
         with pytest.raises(jm.ConfigError, match="answered 401"):

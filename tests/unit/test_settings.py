@@ -7,6 +7,7 @@ import pytest
 
 import journeyman as jm
 from journeyman.backend import models, settings
+from journeyman.errors import ModelPreparationError
 
 
 def test_home_follows_env_then_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,7 +29,7 @@ def test_vllm_python_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("JOURNEYMAN_HOME", str(tmp_path))
     default = tmp_path / "venvs" / "vllm" / "bin" / "python"
     monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(jm.ConfigError, match="Run `make setup`"):
+    with pytest.raises(jm.ConfigError, match="Run `journeyman setup`"):
         settings.vllm_python()
     default.parent.mkdir(parents=True)
     default.write_text("")
@@ -37,7 +38,7 @@ def test_vllm_python_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_unknown_alias_lists_the_known_ones() -> None:
     with pytest.raises(
-        jm.ModelPreparationError,
+        ModelPreparationError,
         match=r"unknown embedded model 'gpt-9'; known: qwen2\.5-coder-0\.5b, qwen2\.5-coder-1\.5b, smollm2-135m",
     ):
         models.prepare_model("gpt-9")
@@ -50,7 +51,7 @@ def test_base_model_names_resolve(tmp_path: Path) -> None:
     )
     folder = tmp_path / "my-model"
     folder.mkdir()
-    with pytest.raises(jm.ModelPreparationError, match=r"no config\.json"):
+    with pytest.raises(ModelPreparationError, match=r"no config\.json"):
         models.resolve_base_model(str(folder))
     (folder / "config.json").write_text("{}")
     assert models.resolve_base_model(str(folder)) == folder

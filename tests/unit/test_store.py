@@ -11,7 +11,8 @@ import pytest
 
 import journeyman as jm
 from journeyman import store as store_module
-from journeyman.store import atomic_dir, atomic_write
+from journeyman.errors import InvalidDataError, StorageError
+from journeyman.store import ModelStore, atomic_dir, atomic_write
 
 
 def _group(reward: float) -> jm.TrajectoryGroup:
@@ -20,7 +21,7 @@ def _group(reward: float) -> jm.TrajectoryGroup:
 
 
 def test_layout_and_round_trip(tmp_path: Path) -> None:
-    store = jm.ModelStore("demo", "calc-agent", root=tmp_path)
+    store = ModelStore("demo", "calc-agent", root=tmp_path)
     groups = [_group(1.0), _group(0.0)]
     path = store.save_groups(groups, "train", 3)
     assert path == tmp_path / "demo" / "calc-agent" / "trajectories" / "train" / "0003.jsonl"
@@ -31,41 +32,41 @@ def test_layout_and_round_trip(tmp_path: Path) -> None:
     assert store.splits() == ["train", "val"]
     assert store.steps("train") == [3]
     assert store.load_groups("train", 7) == []
-    again = jm.ModelStore.from_path(tmp_path / "demo" / "calc-agent" / "." / "")  # the folder a run prints
+    again = ModelStore.from_path(tmp_path / "demo" / "calc-agent" / "." / "")  # the folder a run prints
     assert (again.project, again.model, again.path) == ("demo", "calc-agent", store.path.resolve())
 
 
 def test_root_defaults_to_env_then_dot_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JOURNEYMAN_ROOT", raising=False)
-    assert jm.ModelStore("p", "m").path == Path(".journeyman/p/m")
+    assert ModelStore("p", "m").path == Path(".journeyman/p/m")
     monkeypatch.setenv("JOURNEYMAN_ROOT", str(tmp_path))
-    assert jm.ModelStore("p", "m").path == tmp_path / "p" / "m"
+    assert ModelStore("p", "m").path == tmp_path / "p" / "m"
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "with space", "x" * 129, "a..b", "-flag"])
 def test_unsafe_names_are_refused(name: str, tmp_path: Path) -> None:
     with pytest.raises(jm.ConfigError, match="invalid project name"):
-        jm.ModelStore(name, "m", root=tmp_path)
+        ModelStore(name, "m", root=tmp_path)
     with pytest.raises(jm.ConfigError, match="invalid split"):
-        jm.ModelStore("p", "m", root=tmp_path).save_groups([], name, 0)
+        ModelStore("p", "m", root=tmp_path).save_groups([], name, 0)
 
 
 @pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
 def test_bad_steps_are_refused(step: object, tmp_path: Path) -> None:
-    with pytest.raises(jm.InvalidDataError, match="non-negative integer"):
-        jm.ModelStore("p", "m", root=tmp_path).trajectories_path("train", step)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDataError, match="non-negative integer"):
+        ModelStore("p", "m", root=tmp_path).trajectories_path("train", step)  # type: ignore[arg-type]
 
 
 def test_history_rows_append_with_time_and_reject_bad_rows(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     store.append_history({"step": 1, "train/reward": 0.25})
     store.append_history({"step": 2, "train/reward": 0.5})
     rows = store.read_history()
     assert [(r["step"], r["train/reward"]) for r in rows] == [(1, 0.25), (2, 0.5)]
     assert all("time" in r for r in rows)
-    with pytest.raises(jm.InvalidDataError, match="needs a 'step'"):
+    with pytest.raises(InvalidDataError, match="needs a 'step'"):
         store.append_history({"loss": 1.0})
-    with pytest.raises(jm.InvalidDataError, match="finite numbers"):
+    with pytest.raises(InvalidDataError, match="finite numbers"):
         store.append_history({"step": 3, "loss": float("nan")})
     assert len(store.read_history()) == 2
 
@@ -73,7 +74,7 @@ def test_history_rows_append_with_time_and_reject_bad_rows(tmp_path: Path) -> No
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     store.save_groups([_group(1.0)], "train", 0)
     before = store.trajectories_path("train", 0).read_bytes()
 
@@ -81,7 +82,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(jm.StorageError) as caught:
+    with pytest.raises(StorageError) as caught:
         store.save_groups([_group(0.0)], "train", 0)
     message = str(caught.value)
     assert "No space left on device" in message and "JOURNEYMAN_ROOT" in message
@@ -94,17 +95,15 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
 def test_unwritable_root_is_a_clear_storage_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the root folder should be")
-    store = jm.ModelStore("p", "m", root=blocker)
-    with pytest.raises(
-        jm.StorageError, match=r"could not .* Free disk space or fix the folder's permissions"
-    ):
+    store = ModelStore("p", "m", root=blocker)
+    with pytest.raises(StorageError, match=r"could not .* Free disk space or fix the folder's permissions"):
         store.save_groups([_group(1.0)], "train", 0)
-    with pytest.raises(jm.StorageError):
+    with pytest.raises(StorageError):
         store.append_history({"step": 0})
 
 
 def test_leftover_temporaries_are_never_read(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     store.save_groups([_group(1.0)], "train", 1)
     folder = store.trajectories_path("train", 1).parent
     (folder / ".0002.jsonl.abc.tmp").write_text('{"half": ')  # what a crash mid-write leaves
@@ -115,7 +114,7 @@ def test_leftover_temporaries_are_never_read(tmp_path: Path) -> None:
 
 
 def test_checkpoint_appears_only_when_complete(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     with store.write_checkpoint(0) as folder:
         (folder / "adapter.safetensors").write_bytes(b"v0")
         assert store.checkpoint_steps() == []  # not visible while being written
@@ -143,10 +142,10 @@ def test_files_get_the_usual_permissions(tmp_path: Path) -> None:
 
 
 def test_concurrent_appends_from_threads_lose_nothing(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
 
     def writer(index: int) -> None:
-        other = jm.ModelStore("p", "m", root=tmp_path)  # separate instances share the lock
+        other = ModelStore("p", "m", root=tmp_path)  # separate instances share the lock
         for step in range(10):
             (store if index % 2 else other).append_history({"step": step, "writer": index})
 
@@ -160,7 +159,7 @@ def test_concurrent_appends_from_threads_lose_nothing(tmp_path: Path) -> None:
 
 
 def _append_from_process(root: str, index: int) -> None:
-    store = jm.ModelStore("p", "m", root=root)
+    store = ModelStore("p", "m", root=root)
     for step in range(15):
         store.append_history({"step": step, "writer": index})
 
@@ -173,20 +172,20 @@ def test_concurrent_appends_from_processes_lose_nothing(tmp_path: Path) -> None:
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
-    rows = jm.ModelStore("p", "m", root=tmp_path).read_history()
+    rows = ModelStore("p", "m", root=tmp_path).read_history()
     assert len(rows) == 45
     assert len({(r["writer"], r["step"]) for r in rows}) == 45
 
 
 def test_corrupt_lines_name_the_file_and_line(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     store.save_groups([_group(1.0)], "train", 0)
     path = store.trajectories_path("train", 0)
     path.write_text(path.read_text() + json.dumps({"trajectories": [{"reward": "x"}]}) + "\n")
-    with pytest.raises(jm.InvalidDataError, match=r"0000\.jsonl, line 2: invalid trajectory group"):
+    with pytest.raises(InvalidDataError, match=r"0000\.jsonl, line 2: invalid trajectory group"):
         store.load_groups("train", 0)
     store.history_path.write_text('{"step": 0}\n{"step": \n')
-    with pytest.raises(jm.InvalidDataError, match=r"history\.jsonl, line 2: not JSON"):
+    with pytest.raises(InvalidDataError, match=r"history\.jsonl, line 2: not JSON"):
         store.read_history()
 
 
@@ -195,7 +194,7 @@ def test_module_exports() -> None:
 
 
 def test_prune_keeps_the_latest_and_the_best(tmp_path: Path) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     for step in range(5):
         with store.write_checkpoint(step) as folder:
             (folder / "adapter.safetensors").write_bytes(b"w")

@@ -38,7 +38,7 @@ def test_a_vllm_without_the_parser_s_modules_is_an_error_that_says_what_follows(
     assert record.levelno == logging.ERROR
     message = record.getMessage()
     assert "journeyman tool parser is NOT registered: vLLM 0.99.0 has no vllm.entrypoints" in message
-    assert "refuse --tool-call-parser journeyman" in message and "requirements/vllm-cuda.txt" in message
+    assert "refuse --tool-call-parser journeyman" in message and "journeyman setup" in message
 
 
 def test_without_vllm_only_the_parsing_is_defined_and_nothing_is_reported_as_an_error(

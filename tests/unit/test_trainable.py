@@ -15,6 +15,7 @@ import journeyman as jm
 from journeyman.backend.serving.gateway import Gateway, GatewayThread, RecordLog
 from journeyman.backend.serving.router import Router
 from journeyman.integrations.trainable import trainable
+from journeyman.model import Registration
 from tests.scripted_agent import ScriptedModel
 from tests.scripted_upstream import ScriptedServer, serve
 
@@ -39,8 +40,8 @@ class _GatewayBackend:
     def __init__(self, gateway: GatewayThread) -> None:
         self.gateway = gateway
 
-    async def register(self, model: jm.TrainableModel) -> jm.Registration:
-        return jm.Registration(base_url=f"{self.gateway.base_url}/v1", api_key="-", step=0)
+    async def register(self, model: jm.TrainableModel) -> Registration:
+        return Registration(base_url=f"{self.gateway.base_url}/v1", api_key="-", step=0)
 
 
 @pytest.fixture

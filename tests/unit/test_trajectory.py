@@ -6,6 +6,9 @@ import pytest
 from hypothesis import given, settings
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError
+from journeyman.messages import AssistantMessage
+from journeyman.trajectory import load_group, load_trajectory
 from tests.strategies import groups, trajectories
 
 
@@ -22,8 +25,8 @@ def test_group_json_round_trip_is_exact(group: jm.TrajectoryGroup) -> None:
 @settings(max_examples=100, deadline=None)
 @given(trajectories())
 def test_trajectory_round_trip_through_load(trajectory: jm.Trajectory) -> None:
-    assert jm.load_trajectory(trajectory.model_dump_json()) == trajectory
-    assert jm.load_trajectory(trajectory.model_dump(mode="json")) == trajectory
+    assert load_trajectory(trajectory.model_dump_json()) == trajectory
+    assert load_trajectory(trajectory.model_dump(mode="json")) == trajectory
 
 
 def _conversation() -> list[dict[str, object]]:
@@ -57,9 +60,9 @@ def test_messages_and_model_turns_views() -> None:
 def test_add_validates_and_reports_bad_items() -> None:
     trajectory = jm.Trajectory()
     trajectory.add({"role": "user", "content": "hi"})
-    trajectory.add(jm.AssistantMessage(content="hello"))
+    trajectory.add(AssistantMessage(content="hello"))
     assert [m.role for m in trajectory.messages] == ["user", "assistant"]
-    with pytest.raises(jm.InvalidDataError, match="needs a 'role'"):
+    with pytest.raises(InvalidDataError, match="needs a 'role'"):
         trajectory.add({"role": "wizard", "content": "?"})
     assert len(trajectory.conversation) == 2  # nothing half-added
 
@@ -73,8 +76,8 @@ def test_histories_put_the_main_conversation_first() -> None:
 
 @pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
 def test_reward_must_be_finite(reward: float) -> None:
-    with pytest.raises(jm.InvalidDataError, match=r"reward: .*finite number"):
-        jm.load_trajectory({"reward": reward})
+    with pytest.raises(InvalidDataError, match=r"reward: .*finite number"):
+        load_trajectory({"reward": reward})
     trajectory = jm.Trajectory(reward=1.0)
     with pytest.raises(ValueError, match="finite"):
         trajectory.reward = reward  # assignment is validated too
@@ -82,10 +85,8 @@ def test_reward_must_be_finite(reward: float) -> None:
 
 
 def test_load_errors_list_every_bad_field() -> None:
-    with pytest.raises(jm.InvalidDataError) as caught:
-        jm.load_group(
-            {"trajectories": [{"reward": "high"}, {"conversation": [{"role": "user"}]}], "colour": 1}
-        )
+    with pytest.raises(InvalidDataError) as caught:
+        load_group({"trajectories": [{"reward": "high"}, {"conversation": [{"role": "user"}]}], "colour": 1})
     text = str(caught.value)
     assert "3 problem(s)" in text
     assert "trajectories.0.reward: Input should be a valid number" in text
@@ -94,8 +95,8 @@ def test_load_errors_list_every_bad_field() -> None:
 
 
 def test_load_rejects_malformed_json_with_a_clear_error() -> None:
-    with pytest.raises(jm.InvalidDataError, match="invalid trajectory group"):
-        jm.load_group('{"trajectories": [')
+    with pytest.raises(InvalidDataError, match="invalid trajectory group"):
+        load_group('{"trajectories": [')
 
 
 def test_group_reward_statistics_skip_unscored() -> None:
@@ -129,7 +130,7 @@ def test_failures_are_kept_with_type_message_and_traceback() -> None:
         "t1",
     )
     assert failure.traceback is not None and "raise TimeoutError" in failure.traceback
-    assert jm.load_group(group.model_dump_json()).failures == [failure]
+    assert load_group(group.model_dump_json()).failures == [failure]
 
 
 def test_finish_track_and_log() -> None:

@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import journeyman as jm
+from journeyman.errors import InvalidDataError
+from journeyman.store import ModelStore
 from journeyman.trajectory import load_group, load_trajectory
 from tests.strategies import groups, items, trajectories
 
@@ -31,7 +33,7 @@ def test_any_json_is_a_trajectory_or_an_invalid_data_error(data: Any) -> None:
     for given_as in (data, json.dumps(data)):
         try:
             trajectory = load_trajectory(given_as)
-        except jm.InvalidDataError as error:
+        except InvalidDataError as error:
             assert str(error).startswith("invalid trajectory: ")
             assert "problem(s)" in str(error)
         else:
@@ -43,7 +45,7 @@ def test_any_json_is_a_trajectory_or_an_invalid_data_error(data: Any) -> None:
 def test_any_bytes_are_a_group_or_an_invalid_data_error(raw: bytes | str) -> None:
     try:
         group = load_group(raw)
-    except jm.InvalidDataError as error:
+    except InvalidDataError as error:
         assert "invalid trajectory group" in str(error)
     else:
         assert load_group(group.model_dump_json()) == group
@@ -59,7 +61,7 @@ def test_a_wrong_value_in_a_valid_trajectory_is_named(
     data = trajectory.model_dump(mode="json") | {field: value}
     try:
         loaded = load_trajectory(data)
-    except jm.InvalidDataError as error:
+    except InvalidDataError as error:
         assert f"\n  {field}" in str(error)  # the path of each problem starts at the bad field
     else:  # the value happened to be valid there: it is kept, and round-trips
         assert load_trajectory(loaded.model_dump_json()) == loaded
@@ -80,7 +82,7 @@ def test_added_items_validate_like_loaded_ones(
 def test_stored_groups_come_back_equal_with_their_failures(
     tmp_path: Path, stored: list[jm.TrajectoryGroup]
 ) -> None:
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     step = len(store.steps("train"))
     store.save_groups(stored, "train", step)
     assert store.load_groups("train", step) == stored
@@ -88,7 +90,7 @@ def test_stored_groups_come_back_equal_with_their_failures(
 
 @pytest.mark.parametrize("reward", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_rewards_are_refused_everywhere(reward: float) -> None:
-    with pytest.raises(jm.InvalidDataError, match="finite number"):
+    with pytest.raises(InvalidDataError, match="finite number"):
         load_trajectory({"reward": reward})
     trajectory = jm.Trajectory()
     with pytest.raises(ValueError, match="finite number"):
@@ -98,7 +100,7 @@ def test_non_finite_rewards_are_refused_everywhere(reward: float) -> None:
 
 def test_line_separators_inside_text_survive_the_store(tmp_path: Path) -> None:
     # JSON leaves U+0085, U+2028 and U+2029 unescaped; str.splitlines() would cut a stored line there.
-    store = jm.ModelStore("p", "m", root=tmp_path)
+    store = ModelStore("p", "m", root=tmp_path)
     group = jm.TrajectoryGroup(
         [jm.Trajectory(conversation=[{"role": "user", "content": "a\x85b\u2028c\u2029d\x1ce"}])]
     )

@@ -12,11 +12,12 @@ import journeyman as jm
 from bench.chaos import plan, write_faults
 from bench.chaos_pair import plot
 from bench.twins import ADAPTER, compare, table
+from journeyman.store import ModelStore
 
 
 def _run(root: Path, name: str, completions: list[list[list[int]]], adapters: list[bytes]) -> Path:
     """A run folder: per step, the rollouts' completions (one group), and the adapter it saved."""
-    store = jm.ModelStore("demo", name, root=root)
+    store = ModelStore("demo", name, root=root)
     for step, (rollouts, adapter) in enumerate(zip(completions, adapters, strict=True)):
         group = jm.TrajectoryGroup(
             jm.Trajectory(
@@ -67,7 +68,7 @@ def test_chaos_pair_draws_a_run_beside_its_twin_with_its_faults(tmp_path: Path) 
     clean = _run(tmp_path, "clean", [[[5]], [[6]]], [b"w1", b"w2"])
     chaos = _run(tmp_path, "chaos", [[[5]], [[6]]], [b"w1", b"w2"])
     for folder in (clean, chaos):
-        store = jm.ModelStore.from_path(folder)
+        store = ModelStore.from_path(folder)
         for step, success in enumerate([0.25, 0.75]):
             store.append_history({"step": step, "split": "rollouts", "rollouts/success": success})
         report = {

