@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup skypilot-env gpu-check test test-slow test-unit test-integration test-faults check format bench demo clean
+.PHONY: setup skypilot-env gpu-check test test-slow test-unit test-integration test-faults check docs docs-serve format bench demo clean
 
 setup:  ## main environment, vLLM and SkyPilot environments, embedded models (JOURNEYMAN_UNSLOTH=1: with Unsloth, CUDA only)
 	bash scripts/setup.sh
@@ -36,10 +36,21 @@ test-integration: setup
 test-faults: setup  ## injected faults (vLLM and trainer killed, disk full, a short chaos run of an example), bad input, security
 	$(PY) -m pytest tests/faults -q
 
-check: setup  ## lint, format check, types (mypy strict on every module)
-	$(VENV)/bin/ruff check core integrations backend tests bench examples
-	$(VENV)/bin/ruff format --check core integrations backend tests bench examples
+check: setup  ## lint, format check, types (mypy strict on every module), the docs site and its markdown
+	$(VENV)/bin/ruff check core integrations backend tests bench examples scripts
+	$(VENV)/bin/ruff format --check core integrations backend tests bench examples scripts
 	VENV=$(VENV) bash scripts/typecheck.sh
+	$(MAKE) -o setup docs
+
+# The pages that only include a root file (CHANGELOG.md, CONTRIBUTING.md) are linted as that file.
+MARKDOWN := README.md CHANGELOG.md CONTRIBUTING.md $(wildcard examples/*/README.md) examples/README.md \
+	$(filter-out docs/project/changelog.md docs/project/contributing.md,$(shell find docs -name '*.md'))
+docs: setup  ## the docs site in build/site (mkdocs build --strict: a broken link or reference fails) and markdown lint
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/pymarkdown -d md013 scan $(MARKDOWN)
+
+docs-serve: setup  ## the docs site on http://127.0.0.1:8000, rebuilt on each change
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 demo: setup  ## the main job: teach the embedded model a LangGraph tool task on this machine (~30 min on 2 cores)
 	$(VENV)/bin/journeyman demo $(DEMO_ARGS)
@@ -48,8 +59,8 @@ bench: setup  ## timings (not tests): writes bench/results.md
 	$(PY) -m bench.run
 
 format: setup
-	$(VENV)/bin/ruff check --fix core integrations backend tests bench examples
-	$(VENV)/bin/ruff format core integrations backend tests bench examples
+	$(VENV)/bin/ruff check --fix core integrations backend tests bench examples scripts
+	$(VENV)/bin/ruff format core integrations backend tests bench examples scripts
 
 clean:  ## removes the main environment (the caches under ~/.cache/journeyman stay)
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -631,9 +631,13 @@ class LocalBackend:
     async def list_checkpoints(self, model: TrainableModel) -> list[int]:
         return self._trainer(model).store.checkpoint_steps()
 
-    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_metric: str | None, *, higher_is_better: bool = True
+    ) -> list[int]:
         self._trainer(model)  # registered here
-        return await asyncio.to_thread(model.store.prune_checkpoints, best_metric)
+        return await asyncio.to_thread(
+            functools.partial(model.store.prune_checkpoints, best_metric, higher_is_better=higher_is_better)
+        )
 
     async def close(self) -> None:
         if self._watchdog is not None:

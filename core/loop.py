@@ -411,7 +411,9 @@ class TrainingLoop(Generic[S]):
         if self.evals:
             await self._evaluate(step, "after")
         if self.prune_checkpoints:
-            deleted = await self.model.delete_checkpoints(self.best_metric)
+            deleted = await self.model.delete_checkpoints(
+                self.best_metric, higher_is_better=self.higher_is_better
+            )
             if deleted:
                 self._say(
                     f"deleted the checkpoints of steps {', '.join(map(str, deleted))} (kept the latest and best)"
@@ -425,7 +427,13 @@ class TrainingLoop(Generic[S]):
         """The run's first step and whether this call resumes it (its state file exists)."""
         path = self.store.path / STATE_FILE
         if path.is_file():
-            return int(json.loads(path.read_text())["started_step"]), True
+            state = json.loads(path.read_text())
+            if state.get("seed", self.seed) != self.seed:
+                raise ConfigError(
+                    f"{self.store.path} is a run with seed={state['seed']}, and this loop has seed={self.seed}: "
+                    f"resume it with seed={state['seed']} (the same data order), or give a new name or root"
+                )
+            return int(state["started_step"]), True
         atomic_write(path, json.dumps({"started_step": step, "seed": self.seed}, indent=2))
         return step, False
 

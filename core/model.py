@@ -99,7 +99,9 @@ class Backend(Protocol):
 
     async def list_checkpoints(self, model: TrainableModel) -> list[int]: ...
 
-    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]: ...
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_metric: str | None, *, higher_is_better: bool = True
+    ) -> list[int]: ...
 
     async def serving_state(self) -> ServingState:
         """Restarts of the servers so far and whether they are down now (a loop samples a step
@@ -298,9 +300,12 @@ class TrainableModel(Model):
         """Steps with a complete checkpoint on the backend."""
         return await self.backend.list_checkpoints(self)
 
-    async def delete_checkpoints(self, best_metric: str | None = "val/reward") -> list[int]:
-        """Delete every checkpoint but the latest and the best by ``best_metric``; return the deleted steps."""
-        return await self.backend.delete_checkpoints(self, best_metric)
+    async def delete_checkpoints(
+        self, best_metric: str | None = "val/reward", *, higher_is_better: bool = True
+    ) -> list[int]:
+        """Delete every checkpoint but the latest and the best by ``best_metric`` (the highest, or
+        with ``higher_is_better=False`` the lowest); return the deleted steps."""
+        return await self.backend.delete_checkpoints(self, best_metric, higher_is_better=higher_is_better)
 
 
 def who() -> str:

@@ -128,8 +128,12 @@ class RemoteBackend:
         answer = await self._call("GET", f"/api/models/{model.project}/{model.name}/checkpoints")
         return [int(step) for step in answer["steps"]]
 
-    async def delete_checkpoints(self, model: TrainableModel, best_metric: str | None) -> list[int]:
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_metric: str | None, *, higher_is_better: bool = True
+    ) -> list[int]:
         params = {"best_metric": best_metric} if best_metric else {}
+        if not higher_is_better:
+            params["lower_is_better"] = "true"
         answer = await self._call(
             "DELETE", f"/api/models/{model.project}/{model.name}/checkpoints", params=params
         )

@@ -52,8 +52,10 @@ class CountingBackend:
     async def list_checkpoints(self, model: jm.TrainableModel) -> list[int]:
         return model.store.checkpoint_steps()
 
-    async def delete_checkpoints(self, model: jm.TrainableModel, best_metric: str | None) -> list[int]:
-        return model.store.prune_checkpoints(best_metric)
+    async def delete_checkpoints(
+        self, model: jm.TrainableModel, best_metric: str | None, *, higher_is_better: bool = True
+    ) -> list[int]:
+        return model.store.prune_checkpoints(best_metric, higher_is_better=higher_is_better)
 
     async def serving_state(self) -> ServingState:
         return self.state

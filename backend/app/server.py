@@ -289,7 +289,9 @@ class _Api:
         if request.method == "GET":
             return JSONResponse({"steps": model.store.checkpoint_steps()})
         metric = request.query_params.get("best_metric") or None
-        return JSONResponse({"deleted": await self.backend.delete_checkpoints(model, metric)})
+        lower = request.query_params.get("lower_is_better", "false").lower() in ("1", "true", "yes")
+        deleted = await self.backend.delete_checkpoints(model, metric, higher_is_better=not lower)
+        return JSONResponse({"deleted": deleted})
 
 
 async def _not_found(request: Request, error: Exception) -> Response:

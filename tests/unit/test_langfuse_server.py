@@ -256,7 +256,9 @@ class StepBackend:
     async def list_checkpoints(self, model: jm.TrainableModel) -> list[int]:
         return [4]
 
-    async def delete_checkpoints(self, model: jm.TrainableModel, best_metric: str | None) -> list[int]:
+    async def delete_checkpoints(
+        self, model: jm.TrainableModel, best_metric: str | None, *, higher_is_better: bool = True
+    ) -> list[int]:
         return []
 
 

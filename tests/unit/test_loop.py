@@ -114,6 +114,38 @@ async def test_evaluations_before_during_after_and_the_best_step(tmp_path: Path)
     assert result.best_step in (2, 4) and model.store.steps("val") == [0, 2, 4]
 
 
+@pytest.mark.parametrize(("higher_is_better", "kept"), [(True, [2, 3]), (False, [1, 3])])
+async def test_pruning_keeps_the_latest_and_the_best_in_the_metrics_direction(
+    tmp_path: Path, higher_is_better: bool, kept: list[int]
+) -> None:
+    model, _ = await make(tmp_path)
+    rewards = {1: 0.2, 2: 0.9, 3: 0.5}  # val/reward by the step evaluated (before training: 0.7)
+
+    async def rollout(model: jm.TrainableModel, scenario: str) -> jm.Trajectory:
+        info = jm.rollout_info()
+        assert info is not None
+        return jm.Trajectory(
+            conversation=[AssistantMessage(content=scenario)], reward=rewards.get(info.step, 0.7)
+        )
+
+    result = await loop(
+        model, rollout, steps=3, eval_every=1, evals=[jm.EvalSet("val", ["q0"])], prune_checkpoints=True,
+        higher_is_better=higher_is_better,
+    ).run()  # fmt: skip
+    assert result.best_step == (2 if higher_is_better else 1)
+    assert model.store.checkpoint_steps() == kept
+
+
+async def test_a_run_resumes_only_with_its_own_seed(tmp_path: Path) -> None:
+    model, backend = await make(tmp_path)
+    await loop(model, Recorder(backend), steps=1, seed=3).run()
+    with pytest.raises(
+        jm.ConfigError, match=r"a run with seed=3, and this loop has seed=4: resume it with seed=3"
+    ):
+        await loop(model, Recorder(backend), steps=2, seed=4).run()
+    assert (await loop(model, Recorder(backend), steps=2, seed=3).run()).step == 2
+
+
 async def test_a_hook_stops_the_run_and_the_last_evaluation_still_runs(tmp_path: Path) -> None:
     model, backend = await make(tmp_path)
     steps: list[int] = []
