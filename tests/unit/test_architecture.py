@@ -86,7 +86,7 @@ def _layer(module: str) -> str:
 ALLOWED = {
     "journeyman": {"journeyman"},
     "journeyman.integrations": {"journeyman", "journeyman.integrations"},
-    # the top of backend: LocalBackend (the seam), the embedded models, settings, moved-module aliases
+    # the top of backend: LocalBackend (the seam), the embedded models, settings
     "journeyman.backend": {
         "journeyman", "journeyman.backend", "journeyman.backend.serving", "journeyman.backend.training",
     },
