@@ -91,6 +91,8 @@ S = TypeVar("S")
 
 STATE_FILE = "loop.json"
 """Written in the run's folder when a loop first starts it: a later run on the same root resumes."""
+SIGN_TEST_PAIRS = 5
+"""Decided pairs a judge's calibration needs at the least: all 5 right is p = 1/32 < 0.05."""
 MAX_STEPS_ENV = "JOURNEYMAN_MAX_STEPS"
 """Set to N, a run trains at most N steps past where it starts, whatever its budget: a smoke run of
 any training script (``JOURNEYMAN_MAX_STEPS=1 python train.py``). The docs' snippets run this way."""
@@ -683,10 +685,17 @@ class TrainingLoop(Generic[S]):
         if report.pairs == 0:
             self._say("no group of the first step has both successes and failures: nothing to calibrate on")
         elif not report.better_than_chance() and not judge.calibrate_anyway:
+            decided = report.correct + report.wrong
+            few = (
+                f"; {decided} decided pairs are too few for the test to pass even when all are right "
+                f"(it needs {SIGN_TEST_PAIRS}): give the first step more scenarios or a bigger group"
+                if decided < SIGN_TEST_PAIRS
+                else ""
+            )
             raise JudgeError(
                 f"the judge {judge.judge.name} ranks the first step's attempts no better than chance "
                 f"(pairwise accuracy {report.pairwise_accuracy:.0%} on {report.pairs} pairs, sign test "
-                f"p = {report.p_value:.2g}), so training on its scores would not teach: use a bigger judge, "
+                f"p = {report.p_value:.2g}{few}), so training on its scores would not teach: use a bigger judge, "
                 "another method (verdict), or JudgeReward(calibrate_anyway=True) to train with it regardless"
             )
 

@@ -290,6 +290,30 @@ async def test_the_loop_refuses_a_judge_that_ranks_at_chance_on_the_demos_groups
     )  # the task rubric
 
 
+async def test_a_calibration_on_too_few_pairs_says_the_first_step_needs_more(tmp_path: Path) -> None:
+    from tests.scripted_judge import Reply, ScriptedJudge, running, trajectory_texts
+
+    rights = {str(s.answer) for s in make_scenarios(2, seed=0)}
+
+    def right_first(request: dict[str, Any]) -> Reply:  # orders every pair it sees right
+        scores = {id_: {"explanation": "-", "score": float(any(f"is {a}." in text for a in rights))}
+                  for id_, text in trajectory_texts(request).items()}  # fmt: skip
+        return Reply(json.dumps(scores))
+
+    (one, *_) = _judged_groups()
+    model = jm.TrainableModel(name="few", project="demo", base_model="smollm2-135m", root=tmp_path)
+    with running(ScriptedJudge(respond=right_first)) as url:
+        judge = Judge("judge", base_url=url, max_retries=0, cache=False)
+        reward = jm.JudgeReward(judge, method="scores", calibrate=True)
+        loop = jm.TrainingLoop(model, rollout, make_scenarios(4, seed=0), judge=reward, progress=False)
+        with pytest.raises(
+            jm.JourneymanError, match=r"p = 0\.\d+; 4 decided pairs are too few .* \(it needs 5\)"
+        ):
+            await loop._calibrate([one])
+    report = json.loads((model.store.path / "judge_calibration.json").read_text())
+    assert report["summary"]["pairwise_accuracy"] == 1.0
+
+
 def test_the_default_judge_is_the_calibrated_one_on_a_server_of_its_own() -> None:
     from journeyman.backend.app.demo import DEFAULT_JUDGE_MODEL, Demo
 
