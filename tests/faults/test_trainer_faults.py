@@ -41,6 +41,7 @@ CHILD = textwrap.dedent(
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import journeyman as jm
+    from journeyman.store import ModelStore
     import journeyman.store as store_module
     from journeyman.backend.training.trainer import Trainer
     from journeyman.config import TrainConfig
@@ -179,6 +180,7 @@ FULL_DISK_CHILD = textwrap.dedent(
     from safetensors.torch import save_file
 
     import journeyman as jm
+    from journeyman.store import ModelStore
     from journeyman.backend.training.trainer import ADAPTER, Trainer
     from journeyman.config import TrainConfig
     from tests.faults.test_trainer_faults import _lora, groups_for

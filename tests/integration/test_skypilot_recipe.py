@@ -101,5 +101,5 @@ def test_the_recipe_scripts_parse_and_name_files_that_exist(recipe: dict[str, An
     script = recipe[section]
     result = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    for named in re.findall(r"requirements/[\w.-]+", script):
+    for named in re.findall(r"[\w./-]*requirements/[\w.-]+", script):
         assert (ROOT / named).is_file(), f"the recipe's {section} names {named}, which does not exist"
