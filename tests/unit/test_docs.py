@@ -70,3 +70,12 @@ def test_a_skip_marker_is_found_only_right_above_its_fence(tmp_path: Path) -> No
     first, second = snippets(page)
     assert (first.skip, first.line, first.code) == ("needs a CUDA GPU", 2, "import torch\n")
     assert (second.skip, second.line, second.code) == (None, 8, "x = 1\n")
+
+
+@pytest.mark.parametrize("page", ["README.md", "CHANGELOG.md", "CONTRIBUTING.md", "examples/README.md"])
+def test_the_links_of_pages_outside_the_site_lead_somewhere(page: str) -> None:
+    """mkdocs checks the site's links; these pages live beside it (a link into docs/ included)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://", "mailto:")):
+            assert ((ROOT / page).parent / target).exists(), f"{page} links to {target}, which is not there"
