@@ -87,7 +87,8 @@ def chat_model(model: Model, *, rollout_id: str | None = None, **options: Any) -
         raise ConfigError(
             f"model {model.name!r} has no inference_base_url yet: call chat_model after `await model.register(backend)`"
         )
-    key = (id(model), repr(sorted(options.items())))
+    endpoint = (model.inference_base_url, model.inference_name, model.inference_api_key)
+    key = (id(model), repr((endpoint, sorted(options.items()))))  # registered again: a new one
     made = _CHAT_MODELS.get(key)
     if made is None or made[0] is not model:
         made = _CHAT_MODELS[key] = (model, ChatOpenAI(

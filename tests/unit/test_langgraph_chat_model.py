@@ -32,6 +32,15 @@ def test_it_calls_the_model_on_the_gateway_with_a_rollout_id_per_rollout() -> No
     assert first.root_async_client is second.root_async_client  # one HTTP client for every rollout
     assert chat_model(MODEL, temperature=0.2).root_async_client is not first.root_async_client
     assert header(chat_model(MODEL, rollout_id="ticket-42")) == "ticket-42"
+    moved = MODEL.model_copy(update={"inference_base_url": "http://127.0.0.1:10/v1"})
+    assert chat_model(moved).openai_api_base == "http://127.0.0.1:10/v1"  # a model registered again
+
+
+def test_a_model_registered_again_gets_a_chat_model_on_its_new_endpoint() -> None:
+    model = jm.Model(name="agent", project="test", inference_base_url="http://127.0.0.1:9/v1")
+    assert chat_model(model).openai_api_base == "http://127.0.0.1:9/v1"
+    model.inference_base_url = "http://127.0.0.1:11/v1"  # what register() does
+    assert chat_model(model).openai_api_base == "http://127.0.0.1:11/v1"
 
 
 def test_inside_a_loops_rollout_the_id_says_which_and_the_seed_is_the_rollouts() -> None:
