@@ -20,7 +20,7 @@ from pathlib import Path
 
 from journeyman.errors import ConfigError
 
-__all__ = ["journeyman_home", "models_home", "vllm_python"]
+__all__ = ["journeyman_home", "models_home", "vllm_python", "vllm_venv"]
 
 
 def journeyman_home() -> Path:
@@ -36,6 +36,11 @@ def models_home() -> Path:
     return journeyman_home() / "models"
 
 
+def vllm_venv() -> Path:
+    """Where ``journeyman setup`` builds the vLLM environment, and where journeyman looks for it."""
+    return journeyman_home() / "venvs" / "vllm"
+
+
 def vllm_python() -> Path:
     """The python executable of the environment that has vLLM installed."""
     if configured := os.environ.get("JOURNEYMAN_VLLM_PYTHON"):
@@ -46,7 +51,7 @@ def vllm_python() -> Path:
                 "environment with vLLM installed, or unset it to use the one `journeyman setup` builds"
             )
         return path
-    default = journeyman_home() / "venvs" / "vllm" / "bin" / "python"
+    default = vllm_venv() / "bin" / "python"
     if default.exists():
         return default
     if importlib.util.find_spec("vllm") is not None:

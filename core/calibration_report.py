@@ -162,6 +162,11 @@ class Calibration:
         n = self.correct + self.wrong
         return sum(math.comb(n, k) for k in range(self.correct, n + 1)) / 2**n if n else 1.0
 
+    def fewest_pairs(self, alpha: float = 0.05) -> int:
+        """The fewest decided pairs with which :meth:`better_than_chance` can hold at all (every one
+        ordered right has p = 2**-n): 5 at the default ``alpha``."""
+        return math.floor(math.log2(1 / alpha)) + 1
+
     def better_than_chance(self, alpha: float = 0.05) -> bool:
         """Whether the judge orders pairs better than a coin where it orders them at all, at
         significance ``alpha`` (one-sided sign test). Its ties, which teach nothing but mislead

@@ -91,8 +91,6 @@ S = TypeVar("S")
 
 STATE_FILE = "loop.json"
 """Written in the run's folder when a loop first starts it: a later run on the same root resumes."""
-SIGN_TEST_PAIRS = 5
-"""Decided pairs a judge's calibration needs at the least: all 5 right is p = 1/32 < 0.05."""
 MAX_STEPS_ENV = "JOURNEYMAN_MAX_STEPS"
 """Set to N, a run trains at most N steps past where it starts, whatever its budget: a smoke run of
 any training script (``JOURNEYMAN_MAX_STEPS=1 python train.py``). The docs' snippets run this way."""
@@ -353,7 +351,7 @@ class TrainingLoop(Generic[S]):
         self._calibrated = True
         self._train_started = 0.0
         self._interrupt: Interrupt | None = None
-        self._last_step: int | None = None  # steps, or fewer under JOURNEYMAN_MAX_STEPS (set by _train)
+        self._last_step: int | None = None  # steps, or fewer under JOURNEYMAN_MAX_STEPS (set by _run)
 
     # -- what users call ---------------------------------------------------------------------------
 
@@ -387,8 +385,9 @@ class TrainingLoop(Generic[S]):
     # -- the run -----------------------------------------------------------------------------------
 
     async def _run(self) -> LoopResult:
-        self._last_step = _last_step(self.steps, await self.model.get_step(), os.environ.get(MAX_STEPS_ENV))
-        started_step, resumed = self._start_state(await self.model.get_step())
+        step = await self.model.get_step()
+        self._last_step = _last_step(self.steps, step, os.environ.get(MAX_STEPS_ENV))
+        started_step, resumed = self._start_state(step)
         if (url := self._viewer_url()) is not None:
             self._say(f"viewer: {url}")
         trained = self._trained_minutes() if resumed else 0.0
@@ -685,11 +684,11 @@ class TrainingLoop(Generic[S]):
         if report.pairs == 0:
             self._say("no group of the first step has both successes and failures: nothing to calibrate on")
         elif not report.better_than_chance() and not judge.calibrate_anyway:
-            decided = report.correct + report.wrong
+            decided, fewest = report.correct + report.wrong, report.fewest_pairs()
             few = (
                 f"; {decided} decided pairs are too few for the test to pass even when all are right "
-                f"(it needs {SIGN_TEST_PAIRS}): give the first step more scenarios or a bigger group"
-                if decided < SIGN_TEST_PAIRS
+                f"(it needs {fewest}): give the first step more scenarios or a bigger group"
+                if decided < fewest
                 else ""
             )
             raise JudgeError(

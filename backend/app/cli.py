@@ -62,6 +62,7 @@ def setup(
     """Build the vLLM server's own environment from the versions journeyman pins (vLLM cannot share
     one with CrewAI; journeyman starts it as a subprocess). Does nothing when it is up to date."""
     from ..serving.vllm_environment import Flavor, VLLMEnvironment
+    from ..settings import vllm_venv
 
     flavor: Flavor | None = None if cuda is None else ("cuda" if cuda else "cpu")
     environment = VLLMEnvironment.default(flavor, python, path.expanduser() if path else None)
@@ -70,7 +71,7 @@ def setup(
             typer.echo(" ".join(command))
         return
     environment.build(say=typer.echo)
-    if environment.path != VLLMEnvironment.default(flavor, python).path:
+    if environment.path != vllm_venv():
         typer.echo(f"tell journeyman where it is: export JOURNEYMAN_VLLM_PYTHON={environment.venv_python}")
 
 

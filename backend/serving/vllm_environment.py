@@ -21,12 +21,13 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Literal
 
 from journeyman.errors import BackendError, ConfigError
 
-from ..settings import journeyman_home
+from ..settings import vllm_venv
 
 __all__ = ["Flavor", "VLLMEnvironment", "default_flavor", "requirements"]
 
@@ -38,7 +39,11 @@ CPU_ONLY_LEFTOVERS = ("torchvision", "torchaudio", "torchcodec")
 
 def requirements(flavor: Flavor) -> str:
     """The pinned requirements of the vLLM environment (a requirements file's text)."""
-    return (files("journeyman.backend.serving") / "requirements" / f"vllm-{flavor}.txt").read_text()
+    return _pins(flavor).read_text()
+
+
+def _pins(flavor: Flavor) -> Traversable:
+    return files("journeyman.backend.serving") / "requirements" / f"vllm-{flavor}.txt"
 
 
 def default_flavor() -> Flavor:
@@ -61,7 +66,7 @@ class VLLMEnvironment:
     def default(
         cls, flavor: Flavor | None = None, python: str = "python3", path: Path | None = None
     ) -> VLLMEnvironment:
-        return cls(path or journeyman_home() / "venvs" / "vllm", flavor or default_flavor(), python)
+        return cls(path or vllm_venv(), flavor or default_flavor(), python)
 
     @property
     def venv_python(self) -> Path:
@@ -75,9 +80,10 @@ class VLLMEnvironment:
         ).stdout
         return hashlib.sha256((requirements(self.flavor) + version).encode()).hexdigest()[:16]
 
-    def up_to_date(self) -> bool:
-        stamp = self.path / STAMP
-        if not stamp.exists() or stamp.read_text().strip() != self.stamp():
+    def up_to_date(self, stamp: str | None = None) -> bool:
+        """Built from ``stamp`` (default: :meth:`stamp`), and vLLM's server imports in it."""
+        written = self.path / STAMP
+        if not written.exists() or written.read_text().strip() != (stamp or self.stamp()):
             return False
         return (
             subprocess.run([str(self.venv_python), "-c", CHECK], capture_output=True, check=False).returncode
@@ -86,7 +92,7 @@ class VLLMEnvironment:
 
     def commands(self) -> list[list[str]]:
         """The commands that build it (after removing what is at ``path``)."""
-        pins = str(files("journeyman.backend.serving") / "requirements" / f"vllm-{self.flavor}.txt")
+        pins = str(_pins(self.flavor))
         pip = [str(self.venv_python), "-m", "pip", "install", "-q"]
         built = [[self.python, "-m", "venv", str(self.path)], [*pip, "--upgrade", "pip"], [*pip, "-r", pins]]
         if self.flavor == "cpu":
@@ -98,7 +104,8 @@ class VLLMEnvironment:
     ) -> bool:
         """Build it unless it is up to date; True when it built. A failed step raises
         :class:`~journeyman.errors.BackendError` naming the command, and leaves no stamp."""
-        if self.up_to_date():
+        stamp = self.stamp()
+        if self.up_to_date(stamp):
             say(f"the vLLM environment {self.path} is up to date ({self.flavor})")
             return False
         run = run or (lambda command: subprocess.run(command, check=False).returncode)
@@ -116,6 +123,6 @@ class VLLMEnvironment:
                     f"building the vLLM environment failed (exit {code}) at: {' '.join(command)}. "
                     f"Fix what it printed and run `journeyman setup` again; {self.path} is rebuilt from scratch"
                 )
-        (self.path / STAMP).write_text(self.stamp() + "\n")
+        (self.path / STAMP).write_text(stamp + "\n")
         say(f"ready: {self.venv_python} serves the model (journeyman finds it there)")
         return True
