@@ -32,8 +32,7 @@ from typing import cast
 
 import journeyman as jm
 from bench.common import machine, serving_stack, table
-from journeyman.calibration import Calibration, calibrate_judge
-from journeyman.ruler import Method
+from journeyman.judge import Calibration, Method, calibrate_judge
 from journeyman.trajectory import load_group
 
 JUDGES = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]

@@ -22,8 +22,8 @@ from bench.common import machine
 from journeyman.backend import LocalBackend
 from journeyman.backend.export import CHECK_PROMPTS, check_export, export_step
 from journeyman.gate import Gate, promote_if_better
+from journeyman.judge import judge_group
 from journeyman.replay import Scenario, replay
-from journeyman.ruler import ruler_score_group
 
 
 def scenarios(count: int, seed: int) -> list[Scenario]:
@@ -60,7 +60,7 @@ async def main(base_model: str, steps: int, judge_model: str | None) -> None:
             judge = await backend.judge(model, judge_model, timeout=600)
 
             async def after_each(group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
-                return await ruler_score_group(group, judge=judge, method="verdict")
+                return await judge_group(group, judge=judge, method="verdict", reward_from="score")
 
         async def evaluate(name: str) -> list[jm.TrajectoryGroup]:
             served = model.model_copy(update={"inference_model_name": name})

@@ -1,7 +1,7 @@
 """journeyman: on-the-job reinforcement learning for the LLM agents you already run.
 
 ``import journeyman as jm`` offers what most users need (``dir(jm)``); the rest lives in its module:
-``journeyman.judge`` and ``journeyman.ruler`` (judging), ``journeyman.calibration``,
+``journeyman.judge`` (judges, judging a group, calibration),
 ``journeyman.messages``, ``journeyman.errors``, ``journeyman.replay``, ``journeyman.gate``
 (promotion), ``journeyman.store``, ``journeyman.trajectory``.
 
@@ -56,7 +56,6 @@ _OUTER = ("LocalBackend", "trainable")
 """Names from the outer packages, found by the ``journeyman.exports`` entry points."""
 
 _MOVED = {
-    "journeyman.calibration": ("Calibration", "GroupCalibration", "calibrate_judge"),
     "journeyman.data": ("DatasetBatch",),
     "journeyman.errors": (
         "AdapterError", "BackendError", "ExportError", "InvalidDataError", "JudgeError",
@@ -65,7 +64,10 @@ _MOVED = {
     ),
     "journeyman.gate": ("Gate", "GateDecision", "promote_canary_if_better", "promote_if_better"),
     "journeyman.gather": ("retry",),
-    "journeyman.judge": ("Judge",),
+    "journeyman.judge": (
+        "Calibration", "DEFAULT_PAIRWISE_RUBRIC", "DEFAULT_RUBRIC", "DEFAULT_VERDICT_RUBRIC",
+        "GroupCalibration", "Judge", "Judgement", "Score", "calibrate_judge", "judge_trajectories",
+    ),
     "journeyman.messages": (
         "AssistantMessage", "FunctionCall", "FunctionDefinition", "Item", "Message", "ModelTurn",
         "Tool", "ToolCall", "UserMessage",
@@ -76,10 +78,6 @@ _MOVED = {
         "Scenario", "read_scenarios", "replay", "scenarios_from_trajectories", "split_held_out",
         "write_scenarios",
     ),
-    "journeyman.ruler": (
-        "DEFAULT_PAIRWISE_RUBRIC", "DEFAULT_RUBRIC", "DEFAULT_VERDICT_RUBRIC", "Judgement", "Score",
-        "judge_trajectories", "ruler", "ruler_score_group",
-    ),
     "journeyman.store": ("ModelStore",),
     "journeyman.trajectory": ("Failure", "History", "load_group", "load_trajectory"),
 }  # fmt: skip
@@ -89,8 +87,14 @@ MOVED_NAMES = {name: (module, name) for module, names in _MOVED.items() for name
     "AnyMessage": ("journeyman.messages", "Message"),  # three unions of the same messages are one
     "SystemMessage": ("journeyman.messages", "SystemPrompt"),  # LangChain has a SystemMessage
     "ToolMessage": ("journeyman.messages", "ToolResult"),  # and a ToolMessage
+    "ruler": ("journeyman.judge", "score_trajectories"),  # named by what they do
+    "ruler_score_group": ("journeyman.judge", "judge_group"),
 }
 """Old name -> (module, name there)."""
+
+_KEEPS_01_DEFAULTS = {"ruler": "_ruler_01", "ruler_score_group": "_judge_group_01"}
+"""Renamed functions whose defaults changed: the old name keeps 0.1's (``method="scores"``,
+``reward_from="score"``), from ``journeyman.ruler``."""
 
 
 def __getattr__(name: str) -> Any:
@@ -101,6 +105,8 @@ def __getattr__(name: str) -> Any:
     if (moved := MOVED_NAMES.get(name)) is not None:
         module, new = moved
         warn(f"jm.{name}", f"`from {module} import {new}`")
+        if name in _KEEPS_01_DEFAULTS:
+            return getattr(import_module("journeyman.ruler"), _KEEPS_01_DEFAULTS[name])
         return getattr(import_module(module), new)
     raise AttributeError(f"module 'journeyman' has no attribute {name!r}")
 

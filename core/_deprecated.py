@@ -21,15 +21,18 @@ class _CallableModule(types.ModuleType):
     """A module that 0.1 users called as the function ``jm.<name>`` of the same name."""
 
     _function: Callable[..., Any]
+    _new: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.__name__.rpartition(".")[2]
-        warn(f"jm.{name}(...)", f"{self.__name__}.{name}(...)")
+        warn(f"jm.{name}(...)", self._new)
         return self._function(*args, **kwargs)
 
 
-def callable_module(module: str, function: Callable[..., Any]) -> None:
-    """``jm.replay`` and ``jm.ruler`` are modules now: calling one still calls its function, with a warning."""
+def callable_module(module: str, function: Callable[..., Any], new: str) -> None:
+    """``jm.replay`` and ``jm.ruler`` are modules now: calling one still calls ``function``, with a
+    warning that names ``new``, what to call instead."""
     found = sys.modules[module]
     found.__class__ = _CallableModule
     found._function = function  # type: ignore[attr-defined]
+    found._new = new  # type: ignore[attr-defined]

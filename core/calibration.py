@@ -50,9 +50,9 @@ from typing import Any
 
 from journeyman.calibration_report import Calibration, GroupCalibration, group_advantages, kendall_tau
 from journeyman.errors import ConfigError, InvalidDataError, JudgeError
-from journeyman.judge import Judge
+from journeyman.judge_client import Judge
 from journeyman.judge_probes import probes as probes_of
-from journeyman.ruler import Method, judge_trajectories
+from journeyman.ruler import Method, judge_trajectories, method_for
 from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = [
@@ -77,7 +77,7 @@ async def calibrate_judge(
     *,
     orders: int | None = None,
     rubric: str | None = None,
-    method: Method = "scores",
+    method: Method = "auto",
     criteria: Sequence[str] | None = None,
     reference: bool = False,
     truth: Callable[[Trajectory], float | None] = known_reward,
@@ -88,7 +88,7 @@ async def calibrate_judge(
 
     ``method``, ``rubric``, ``criteria`` and ``reference`` are :func:`~journeyman.ruler.judge_trajectories`' own. ``orders``
     defaults to 3 for ``scores``, 1 for ``verdict``, which judges each trajectory alone (where
-    order cannot matter).
+    order cannot matter). The report's ``method`` is the one used (what ``auto`` became).
 
     ``truth`` gives each trajectory's known reward (default: its programmatic reward, kept in
     ``metrics["programmatic_reward"]`` once a judge has scored it, else its ``reward``);
@@ -104,7 +104,7 @@ async def calibrate_judge(
     policy must score low what the policy can learn to do, not only rank what it does now.
     """
     if orders is None:
-        orders = 3 if method == "scores" else 1
+        orders = 3 if method_for(judge, method) == "scores" else 1
     if orders < 1:
         raise ConfigError(f"orders must be >= 1 (presentations of each group), got {orders}")
     judging = {"rubric": rubric, "method": method, "criteria": criteria, "reference": reference}
@@ -129,6 +129,7 @@ async def calibrate_judge(
             await _probe_group(calibrated, known, judge, judging)
         report.groups.append(calibrated)
     report.seconds = time.perf_counter() - start
+    report.method = method_for(judge, method)
     return report
 
 

@@ -191,7 +191,7 @@ class Calibration:
 
     def advantage_alignment(self, scale: Scale = "group", reward_from: RewardFrom = "score") -> float | None:
         """The cosine between judged and known advantages (see the module's docstring), the judged
-        rewards made of the scores as in ``ruler_score_group(reward_from=...)``; None when either is
+        rewards made of the scores as in ``judge_group(reward_from=...)``; None when either is
         all zero."""
         judged, known, _ = self._advantages(scale, reward_from)
         norm = math.sqrt(sum(a * a for a in judged) * sum(b * b for b in known))

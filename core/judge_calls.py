@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from journeyman.errors import JudgeError
-from journeyman.judge import Judge, JudgeCallError
+from journeyman.judge_client import Judge, JudgeCallError
 from journeyman.judge_prompts import (
     PAIRWISE_QUESTION,
     PAIRWISE_SYSTEM,

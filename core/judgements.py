@@ -1,6 +1,6 @@
 """What a judging produced: a :class:`Score` per trajectory, the :class:`Judgement` of a group,
 the judge's JSON answer read and checked, and the on-disk cache of valid answers.
-Part of :mod:`journeyman.ruler`; names with a leading underscore are its own, not API.
+Part of :mod:`journeyman.judge`; names with a leading underscore are its own, not API.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journeyman.judge import Judge
+from journeyman.judge_client import Judge
 
 __all__ = ["Judgement", "Score"]
 
@@ -58,6 +58,8 @@ class Judgement:
     """The judge's accepted answer, verbatim (None when cached)."""
     reference: str | None = None
     """How the judge said the task should be done, before it saw an attempt (``reference=True``)."""
+    method: str = "scores"
+    """How it was judged: ``scores``, ``verdict`` or ``pairwise`` (what ``auto`` became)."""
 
     @property
     def clamped(self) -> int:

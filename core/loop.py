@@ -153,19 +153,21 @@ class EvalSet(Generic[S]):
 
 @dataclass(frozen=True)
 class JudgeReward:
-    """An LLM judge's reward for each group (:func:`~journeyman.ruler.ruler_score_group`):
+    """An LLM judge's reward for each group (:func:`~journeyman.judge.judge_group`):
     ``judge_weight x score + reward_weight x`` the programmatic reward the rollout set."""
 
     judge: Judge
     """The judge that scores (:class:`~journeyman.judge.Judge`; a LocalBackend's ``start_judge``)."""
     rubric: str | None = None
     """What a good attempt does; default: the method's own rubric."""
-    method: Method = "scores"
-    """``scores``, ``verdict`` or ``pairwise`` (:data:`~journeyman.ruler.Method`)."""
+    method: Method = "auto"
+    """``auto`` (verdicts where the judge returns logprobs, else scores), ``scores``, ``verdict`` or
+    ``pairwise`` (:data:`~journeyman.judge.Method`)."""
     reference: bool = False
     """The judge first writes how the task should be done, and checks each attempt against it."""
-    reward_from: RewardFrom = "score"
-    """The judge's score, the rank in the group, or 1 for the group's best (:data:`~journeyman.ruler.RewardFrom`)."""
+    reward_from: RewardFrom = "best"
+    """1 for the group's best and 0 for the rest, the rank in the group, or the judge's score
+    (:data:`~journeyman.judge.RewardFrom`)."""
     criteria: Sequence[str] | None = None
     """Yes/no questions asked of each attempt instead of whether it achieved the goal (verdicts)."""
     fallback: float | None = None
@@ -182,9 +184,9 @@ class JudgeReward:
     """Calibrate, report, and train with the judge even when it ranks at chance."""
 
     async def score(self, group: TrajectoryGroup) -> TrajectoryGroup:
-        from journeyman.ruler import ruler_score_group
+        from journeyman.ruler import judge_group
 
-        return await ruler_score_group(
+        return await judge_group(
             group, judge=self.judge, rubric=self.rubric, judge_weight=self.judge_weight,
             reward_weight=self.reward_weight, method=self.method, reference=self.reference,
             reward_from=self.reward_from, criteria=self.criteria, fallback=self.fallback,

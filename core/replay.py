@@ -215,4 +215,4 @@ async def replay(
     )  # fmt: skip
 
 
-callable_module(__name__, replay)  # jm.replay(...) of 0.1
+callable_module(__name__, replay, "journeyman.replay.replay(...)")  # jm.replay(...) of 0.1

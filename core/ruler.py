@@ -1,13 +1,16 @@
-"""RULER-style group judging: an LLM judge scores the attempts of one group side by side.
+"""Judging a group: an LLM judge scores the attempts of one group, and their rewards are made from
+the scores. Import these from :mod:`journeyman.judge`.
 
-GRPO needs only relative rewards within a group, and a judge ranks several attempts at the same
+GRPO needs only relative rewards within a group, and a judge orders several attempts at the same
 task more reliably than it scores one attempt alone. So a task with no programmatic success
 check can still be trained on::
+
+    from journeyman.judge import Judge, judge_group
 
     judge = Judge(model="base", base_url=f"{gateway_url}/v1")
     groups = await jm.gather_trajectory_groups(
         (jm.TrajectoryGroup(rollout(s) for _ in range(4)) for s in scenarios),
-        after_each=lambda group: ruler_score_group(group, judge=judge),
+        after_each=lambda group: judge_group(group, judge=judge),
     )
 
 What the judge sees: the tools, one line each, once when all histories share them (else with each
@@ -17,18 +20,15 @@ trajectory under an id, with every history it holds. Messages read as a tagged t
 not as API JSON: call ids and empty fields tell a judge nothing and cost a small one a third of
 what it reads. Trajectories that read the same are judged once and share the score.
 
-What is checked: the answer is a JSON schema-constrained object where the endpoint supports it,
-else found in free text. Scores are matched to trajectories by id, never by position; a score
-outside [0, 1] is clamped and counted. Malformed JSON, a missing, extra or repeated id, a timeout
-or an HTTP 5xx is answered by asking again, up to ``judge.max_retries`` times; then
-:class:`~journeyman.errors.JudgeError`. :func:`ruler_score_group` records that error on the group
-as a :class:`~journeyman.trajectory.Failure` and leaves the trajectories without a reward (the
-trainer skips them), or gives them ``fallback``: a group is never trained on invented scores.
-Valid judgements are cached on disk, keyed by the judge model and the full prompt (so by the
-content and the rubric): asking again costs no call.
-
-Compared with OpenPipe ART's ``ruler`` this clamps scores, matches them by id, retries, caches,
-and judges trajectories with several histories.
+What is checked: a verdict is read from the logprobs of the reply's first token; group scores are a
+JSON schema-constrained object where the endpoint supports it, else found in free text. Scores are
+matched to trajectories by id, never by position; a score outside [0, 1] is clamped and counted.
+Malformed JSON, a missing, extra or repeated id, a timeout or an HTTP 5xx is answered by asking
+again, up to ``judge.max_retries`` times; then :class:`~journeyman.errors.JudgeError`.
+:func:`judge_group` records that error on the group as a :class:`~journeyman.trajectory.Failure`
+and leaves the trajectories without a reward (the trainer skips them), or gives them ``fallback``:
+a group is never trained on invented scores. Valid judgements are cached on disk, keyed by the
+judge model and the full prompt (so by the content and the rubric): asking again costs no call.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack, get_args
 
-from journeyman._deprecated import callable_module
-from journeyman.errors import ConfigError, InvalidDataError
-from journeyman.judge import Judge
+from journeyman._deprecated import callable_module, warn
+from journeyman.errors import ConfigError, InvalidDataError, JudgeError
 from journeyman.judge_calls import ask_pairwise, ask_reference, ask_scores, ask_verdicts
+from journeyman.judge_client import Judge
 from journeyman.judge_prompts import (
     DEFAULT_PAIRWISE_RUBRIC,
     DEFAULT_RUBRIC,
@@ -68,16 +68,19 @@ __all__ = [
     "Method",
     "RewardFrom",
     "Score",
+    "judge_group",
     "judge_trajectories",
     "judged_rewards",
-    "ruler",
-    "ruler_score_group",
+    "method_for",
+    "score_trajectories",
 ]
 
 logger = logging.getLogger(__name__)
 
-Method = Literal["scores", "verdict", "pairwise"]
-"""How the judge scores: ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
+Method = Literal["auto", "scores", "verdict", "pairwise"]
+"""How the judge scores: ``auto`` (the default: ``verdict`` where the judge returns the logprobs it
+reads, else ``scores``; a judge whose first verdict comes back without logprobs is asked for
+scores from then on), ``scores`` (RULER: the whole group in one prompt, a JSON object of scores
 written out), ``verdict`` (each trajectory alone, its score the probability of "yes" as the first
 token: one prompt pass each, no decoding, the shared start of the prompts in vLLM's prefix cache;
 with ``criteria``, one yes/no question each after the same attempt, the score their product)
@@ -86,7 +89,7 @@ first token; a trajectory's score is its mean chance of beating each other one: 
 passes for n trajectories)."""
 
 RewardFrom = Literal["score", "rank", "best"]
-"""What :func:`ruler_score_group` makes a reward of: the judge's ``score``; the trajectory's
+"""What :func:`judge_group` makes a reward of: the judge's ``score``; the trajectory's
 ``rank`` in the group by score, from 0 (lowest) to 1 (highest), equal scores sharing their mean
 rank; or ``best``: 1 for the trajectories with the group's highest score (all of them when they
 tie), 0 for the others.
@@ -113,7 +116,7 @@ class JudgeOptions(TypedDict, total=False):
     reference: bool
 
 
-async def ruler(
+async def score_trajectories(
     trajectories: Sequence[TrajectoryLike], *, judge: Judge, **options: Unpack[JudgeOptions]
 ) -> list[Score]:
     """Score trajectories of the same task side by side; one :class:`Score` each, in order.
@@ -133,7 +136,7 @@ async def ruler(
     return judgement.scores
 
 
-async def ruler_score_group(
+async def judge_group(
     group: TrajectoryGroup,
     *,
     judge: Judge,
@@ -141,10 +144,10 @@ async def ruler_score_group(
     judge_weight: float = 1.0,
     reward_weight: float = 0.0,
     fallback: float | None = None,
-    method: Method = "scores",
+    method: Method = "auto",
     criteria: Sequence[str] | None = None,
     reference: bool = False,
-    reward_from: RewardFrom = "score",
+    reward_from: RewardFrom = "best",
 ) -> TrajectoryGroup:
     """A copy of ``group`` with each trajectory's reward set from the judge's score.
 
@@ -154,13 +157,16 @@ async def ruler_score_group(
     explanation to ``logs``, and the judging's counts to the group's ``metrics["judge/..."]``.
 
     ``reward_from`` is what the judge's part of the reward is made of (:data:`RewardFrom`): its
-    score, the trajectory's rank in the group, or whether it is among the group's best (the rank or
-    the 0/1 in ``metrics["ruler_rank"]`` or ``metrics["ruler_best"]``).
+    score, the trajectory's rank in the group, or whether it is among the group's best (the
+    default; the rank or the 0/1 in ``metrics["ruler_rank"]`` or ``metrics["ruler_best"]``). The
+    defaults, verdicts made into 1 for the group's best, are what taught best with small local
+    judges (the judges results page).
 
     If judging fails, the error is recorded on the group (stage ``"judge"``) and each reward
     becomes ``None`` (the trainer leaves the group out and counts it), or, with ``fallback``, is
     computed from that score instead of the judge's. ``method``, ``rubric``, ``criteria`` and
-    ``reference`` are :func:`ruler`'s (the reference goes to the group's ``logs``). Usable as ``gather_trajectory_groups(after_each=...)``.
+    ``reference`` are :func:`score_trajectories`' (the reference goes to the group's ``logs``).
+    Usable as ``gather_trajectory_groups(after_each=...)``.
     """
     if judge_weight < 0 or reward_weight < 0 or judge_weight + reward_weight == 0:
         raise ConfigError(
@@ -184,6 +190,8 @@ async def ruler_score_group(
             scored.trajectories, judge=judge, rubric=rubric, method=method, criteria=criteria,
             reference=reference,
         )  # fmt: skip
+    except ConfigError:
+        raise  # the call's mistake, the same for every group: not a judging that failed
     except Exception as error:
         _judge_failed(scored, judge, error, weights, fallback)
         scored.metrics["judge/seconds"] = time.perf_counter() - start
@@ -297,22 +305,49 @@ def judged_rewards(scores: Sequence[float], reward_from: RewardFrom = "score") -
     return list(scores)
 
 
+def method_for(judge: Judge, method: Method = "auto") -> Method:
+    """The method ``method`` means for ``judge``: ``auto`` is ``verdict`` unless the judge is known
+    to return no logprobs (a LangChain chat model, or an endpoint whose verdict had none)."""
+    if method != "auto":
+        return method
+    return "scores" if judge.gives_logprobs is False else "verdict"
+
+
 async def judge_trajectories(
     trajectories: Sequence[TrajectoryLike],
     *,
     judge: Judge,
     rubric: str | None = None,
     tools: Sequence[Tool | dict[str, Any]] | None = None,
-    method: Method = "scores",
+    method: Method = "auto",
     criteria: Sequence[str] | None = None,
     reference: bool = False,
 ) -> Judgement:
-    """:func:`ruler` with the details: attempts, retries, cache hits, distinct trajectories."""
+    """:func:`score_trajectories` with the details: the method used, attempts, retries, cache hits,
+    distinct trajectories."""
     if method not in _METHODS:
-        raise ConfigError(f"method must be 'scores', 'verdict' or 'pairwise', got {method!r}")
-    _check_criteria(criteria, method)
+        raise ConfigError(f"method must be 'auto', 'scores', 'verdict' or 'pairwise', got {method!r}")
+    _check_criteria(criteria, "verdict" if method == "auto" else method)
+    if method == "auto":
+        if criteria is not None and judge.gives_logprobs is False:
+            raise ConfigError(
+                f"criteria are asked as yes/no verdicts, and judge {judge.name!r} returns no logprobs to read "
+                "them from: put them in the rubric instead"
+            )
+        try:
+            return await judge_trajectories(
+                trajectories, judge=judge, rubric=rubric, tools=tools, method=method_for(judge),
+                criteria=criteria, reference=reference,
+            )  # fmt: skip
+        except JudgeError:
+            if judge.gives_logprobs is not False or criteria is not None:
+                raise
+            logger.warning(
+                "judge %r returns no logprobs for verdicts: judging with group scores from now on", judge.name
+            )
+            method = "scores"
     if not trajectories:
-        return Judgement(scores=[], judge=judge.name, distinct=0)
+        return Judgement(scores=[], judge=judge.name, distinct=0, method=method)
     if rubric is None:
         rubric = RUBRICS[method]
     tool_dicts = [tool_dict(tool) for tool in tools] if tools is not None else None
@@ -326,7 +361,7 @@ async def judge_trajectories(
         labels.setdefault(key, str(len(labels) + 1))
     ids = list(labels.values())
     unique = [conversations[keys.index(key)] for key in labels]
-    judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique))
+    judgement = Judgement(scores=[], judge=judge.name, distinct=len(unique), method=method)
     if reference:
         judgement.reference = await ask_reference(judge, unique, judgement)
     if method == "verdict":
@@ -361,4 +396,41 @@ def _check_criteria(criteria: Sequence[str] | None, method: Method) -> None:
         raise ConfigError(f"criteria must be non-empty questions, at least one, got {list(criteria)!r}")
 
 
-callable_module(__name__, ruler)  # jm.ruler(...) of 0.1
+async def ruler(
+    trajectories: Sequence[TrajectoryLike], *, judge: Judge, **options: Unpack[JudgeOptions]
+) -> list[Score]:
+    """Deprecated: :func:`score_trajectories`. Keeps 0.1's default ``method="scores"``."""
+    warn("journeyman.ruler.ruler", "journeyman.judge.score_trajectories (its default method is 'auto')")
+    return await _ruler_01(trajectories, judge=judge, **options)
+
+
+async def ruler_score_group(group: TrajectoryGroup, *, judge: Judge, **options: Any) -> TrajectoryGroup:
+    """Deprecated: :func:`judge_group`. Keeps 0.1's defaults ``method="scores"``, ``reward_from="score"``."""
+    warn(
+        "journeyman.ruler.ruler_score_group",
+        "journeyman.judge.judge_group (its defaults are method='auto', reward_from='best')",
+    )
+    return await _judge_group_01(group, judge=judge, **options)
+
+
+async def _judge_group_01(
+    group: TrajectoryGroup,
+    *,
+    judge: Judge,
+    method: Method = "scores",
+    reward_from: RewardFrom = "score",
+    **options: Any,
+) -> TrajectoryGroup:
+    return await judge_group(group, judge=judge, method=method, reward_from=reward_from, **options)
+
+
+async def _ruler_01(
+    trajectories: Sequence[TrajectoryLike], *, judge: Judge, **options: Unpack[JudgeOptions]
+) -> list[Score]:
+    options.setdefault("method", "scores")
+    return await score_trajectories(trajectories, judge=judge, **options)
+
+
+callable_module(  # jm.ruler(...) of 0.1
+    __name__, _ruler_01, "journeyman.judge.score_trajectories(...) (its default method is 'auto')"
+)

@@ -143,10 +143,10 @@ def judge_calibrate(
     method: Annotated[
         str,
         typer.Option(
-            help="scores (RULER: the group in one prompt), verdict (P(yes) per trajectory) or pairwise "
-            "(every pair in both orders)."
+            help="auto (verdict where the judge returns logprobs, else scores), scores (RULER: the group "
+            "in one prompt), verdict (P(yes) per trajectory) or pairwise (every pair in both orders)."
         ),
-    ] = "scores",
+    ] = "auto",
     orders: Annotated[
         int | None,
         typer.Option(help="Presentations of each group, each in another order (default: 3, verdict 1)."),
@@ -186,12 +186,11 @@ def judge_calibrate(
     import os
 
     import journeyman as jm
-    from journeyman.calibration import Calibration, calibrate_judge, known_reward
-    from journeyman.judge import Judge
-    from journeyman.ruler import Method
+    from journeyman.calibration import known_reward
+    from journeyman.judge import Calibration, Judge, Method, calibrate_judge
 
     if method not in get_args(Method):
-        raise typer.BadParameter(f"--method must be scores, verdict or pairwise, got {method!r}")
+        raise typer.BadParameter(f"--method must be auto, scores, verdict or pairwise, got {method!r}")
     store = ModelStore(project, model, root=root)
     steps = step or _stored_steps(store, split)
     groups = [group for chosen in steps for group in store.load_groups(split, chosen)][:max_groups]

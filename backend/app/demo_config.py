@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 from journeyman.config import LossType, Scale
 from journeyman.errors import ConfigError
-from journeyman.ruler import Method, RewardFrom
+from journeyman.judge import Method, RewardFrom
 
 __all__ = ["DEFAULT_JUDGE_MODEL", "DemoConfig"]
 
@@ -52,16 +52,16 @@ class DemoConfig:
     """An OpenAI-compatible endpoint for the judge (key: $JOURNEYMAN_JUDGE_API_KEY or $OPENAI_API_KEY)."""
     judge_method: Method = "verdict"
     """``scores``: RULER, the whole group in one prompt; ``verdict``: each trajectory alone, scored
-    by the judge's P(yes); ``pairwise``: every pair in both orders (``journeyman.ruler``)."""
+    by the judge's P(yes); ``pairwise``: every pair in both orders (``journeyman.judge``)."""
     judge_reference: bool = False
     """Before judging a group, the judge writes how its question should be done (which tool, which
-    numbers), and checks each attempt against that (``ruler_score_group(reference=True)``)."""
+    numbers), and checks each attempt against that (``judge_group(reference=True)``)."""
     judge_reward: RewardFrom = "best"
     """What the reward is made of: the judge's score, each attempt's rank in its group by score,
-    or 1 for the group's best attempts and 0 for the rest (``ruler_score_group(reward_from=...)``).
+    or 1 for the group's best attempts and 0 for the rest (``judge_group(reward_from=...)``).
     ``best`` by default: the judge puts the right operation above the wrong one only just, so its
     scores and ranks let the policy collapse to calling ``multiply`` for every question
-    (``journeyman.ruler.RewardFrom``)."""
+    (``journeyman.judge.RewardFrom``)."""
     judge_anyway: bool = False
     """Train with the judge even when, calibrated on the first step's groups against the
     programmatic check, it ranks no better than chance (the demo stops otherwise)."""

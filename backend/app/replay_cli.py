@@ -17,6 +17,7 @@ import typer
 import journeyman as jm
 from journeyman.errors import ConfigError
 from journeyman.gate import Gate, promote_if_better
+from journeyman.judge import Method
 from journeyman.loop import StepReport
 from journeyman.replay import (
     Scenario,
@@ -28,7 +29,6 @@ from journeyman.replay import (
     write_scenarios,
 )
 from journeyman.replay import replay as replay_scenarios
-from journeyman.ruler import Method
 from journeyman.store import ModelStore
 
 from .cli_runs import Root

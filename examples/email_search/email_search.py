@@ -27,7 +27,6 @@ from typing import Any
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.ruler import ruler_score_group
 
 # The inbox ------------------------------------------------------------------------------------
 
@@ -352,21 +351,6 @@ CRITERIA = [
 goal was achieved; an attempt's score is the product of their P(yes)."""
 
 
-@dataclass(frozen=True)
-class TaskJudge(jm.JudgeReward):
-    """:class:`jm.JudgeReward` with the yes/no ``criteria`` of :func:`ruler_score_group`
-    (``--judge-criteria task``), which JudgeReward does not take."""
-
-    criteria: list[str] | None = None
-
-    async def score(self, group: jm.TrajectoryGroup) -> jm.TrajectoryGroup:
-        return await ruler_score_group(
-            group, judge=self.judge, rubric=self.rubric, judge_weight=self.judge_weight,
-            reward_weight=self.reward_weight, method=self.method, reward_from=self.reward_from,
-            criteria=self.criteria,
-        )  # fmt: skip
-
-
 async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     """Evaluate on the held-out questions, train, evaluate again; returns what a test checks: the
     model, the questions, the loop's result (its evaluations) and the report of each step.
@@ -393,10 +377,10 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
     async def rollout(model: jm.TrainableModel, question: dict[str, Any]) -> jm.Trajectory:
         return add_episode_metrics(await search_agent(question), question)  # its reward: what it returned
 
-    judge: TaskJudge | None = None
+    judge: jm.JudgeReward | None = None
     if args.judge == "ruler":
         # The base model, answered by the policy's own server, unless --judge-model names another.
-        judge = TaskJudge(
+        judge = jm.JudgeReward(
             await backend.judge(model, args.judge_model, explanation_max_chars=100, timeout=300),
             judge_weight=args.judge_weight, reward_weight=args.reward_weight, method=args.judge_method,
             rubric=RUBRICS[args.judge_method] if args.judge_rubric == "task" else None,

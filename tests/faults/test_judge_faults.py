@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import journeyman as jm
-from journeyman.judge import Judge
-from journeyman.ruler import ruler_score_group
+from journeyman.judge import Judge, judge_group
 
 
 @pytest.fixture
@@ -74,7 +73,7 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
     groups = await asyncio.wait_for(  # the judge's timeout x attempts bound it: a hang fails here
         jm.gather_trajectory_groups(
             [jm.TrajectoryGroup(rollout(t) for t in _group())],
-            after_each=functools.partial(ruler_score_group, judge=judge),
+            after_each=functools.partial(judge_group, judge=judge, method="scores"),
             progress=False,
         ),
         timeout=120,
@@ -91,6 +90,6 @@ async def test_a_judge_that_is_down_or_silent_is_retried_then_recorded(
 async def test_the_configured_fallback_is_used_and_marked(tmp_path: Path) -> None:
     judge = Judge("judge", base_url=f"http://127.0.0.1:{_closed_port()}/v1", timeout=1.0, max_retries=0,
                      cache_dir=tmp_path)  # fmt: skip
-    group = await ruler_score_group(_group(), judge=judge, fallback=0.5)
+    group = await judge_group(_group(), judge=judge, fallback=0.5)
     assert [t.reward for t in group] == [0.5, 0.5]
     assert group.failures and group.failures[0].stage == "judge"

@@ -18,8 +18,7 @@ import journeyman as jm
 from journeyman.backend import LocalBackend
 from journeyman.backend.serving.engine import Engine
 from journeyman.backend.serving.gateway import GatewayThread
-from journeyman.judge import Judge
-from journeyman.ruler import judge_trajectories, ruler_score_group
+from journeyman.judge import Judge, judge_group, judge_trajectories
 from tests.integration.conftest import SERVED_BASE
 from tests.waits import until
 
@@ -44,7 +43,7 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
         timeout=300,
         cache_dir=tmp_path / "cache",
     ) as judge:
-        judgement = await judge_trajectories(group.trajectories, judge=judge)
+        judgement = await judge_trajectories(group.trajectories, judge=judge, method="scores")
         assert judgement.attempts == 1 and not judgement.retries and not judgement.cached
         assert judge.uses_schema  # "auto": vLLM accepted the JSON schema
         # The answer is exactly the schema's shape: bare JSON, one entry per id, in order.
@@ -58,7 +57,7 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
         assert judgement.clamped == 0
 
         # The group is scored from the same judgement, now on disk: no second call.
-        scored = await ruler_score_group(group, judge=judge)
+        scored = await judge_group(group, judge=judge, method="scores", reward_from="score")
         assert judge.calls == 1 and scored.metrics["judge/cached"] is True
         assert not scored.failures
         assert [t.reward for t in scored] == [s.score for s in judgement.scores]
@@ -103,11 +102,12 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shar
             return jm.Trajectory(conversation=[*messages, record.model_turn()])  # no reward of its own
 
         for step in range(2):
-            # Verdicts are read from logprobs: nothing to parse, so every group is judged (the
-            # scores method's parse failures and retries are tested with a scripted judge).
+            # The defaults: verdicts (vLLM returns logprobs), read with nothing to parse, so every
+            # group is judged (the scores method's parse failures and retries are tested with a
+            # scripted judge); 1 for each group's best attempts, 0 for the rest.
             groups = await jm.gather_trajectory_groups(
                 (jm.TrajectoryGroup(rollout(task) for _ in range(4)) for task in TASKS),
-                after_each=functools.partial(ruler_score_group, judge=judge, method="verdict"),
+                after_each=functools.partial(judge_group, judge=judge),
                 progress=False,
             )
             assert len(groups) == 2
@@ -115,8 +115,9 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shar
                 assert group.metrics["judge/failed"] == 0 and not group.failures, group.failures
                 for trajectory in group:
                     assert "programmatic_reward" not in trajectory.metrics
-                    assert trajectory.reward is not None and 0 <= trajectory.reward <= 1
-                    assert trajectory.reward == trajectory.metrics["ruler_score"]
+                    assert trajectory.reward == trajectory.metrics["ruler_best"]
+                    assert 0 <= trajectory.metrics["ruler_score"] <= 1
+                assert max(t.reward for t in group) == 1.0 and judge.gives_logprobs is True
             result = await model.train(groups, jm.TrainConfig(learning_rate=1e-4))
             assert result.step == step + 1
             rewards = [t.reward for g in groups for t in g if t.reward is not None]
@@ -132,7 +133,7 @@ async def test_training_steps_with_ruler_as_the_only_reward(tmp_path: Path, shar
         await until(lambda: backend.judge_restarts > 0, "the watchdog to restart the judge", timeout=600)
         assert judge_server.is_running()
         group = jm.TrajectoryGroup([await rollout(TASKS[1]) for _ in range(4)])
-        again = await ruler_score_group(group, judge=judge, method="verdict")  # no answer to parse
+        again = await judge_group(group, judge=judge, method="verdict")  # no answer to parse
         assert again.metrics["judge/failed"] == 0 and all(t.reward is not None for t in again)
         await judge.aclose()
     assert not judge_server.is_running() and not backend.judge_servers  # stopped with the backend

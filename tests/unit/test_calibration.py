@@ -98,7 +98,7 @@ async def test_a_perfect_judge_ranks_every_pair_and_agrees_with_itself(
     script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = perfect
-    report = await calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, method="scores", orders=3)
     assert (report.pairs, report.correct, report.wrong, report.ties) == (168, 168, 0, 0)
     assert report.pairwise_accuracy == 1.0 and report.kendall_tau == pytest.approx(1.0)
     assert report.position_consistency == 1.0 and report.first_position_bias == pytest.approx(0.0)
@@ -117,7 +117,7 @@ async def test_an_inverted_judge_is_perfectly_consistent_and_perfectly_wrong(
     script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = inverted
-    report = await calibrate_judge(GROUPS, judge, orders=2)
+    report = await calibrate_judge(GROUPS, judge, method="scores", orders=2)
     assert report.pairwise_accuracy == 0.0 and report.kendall_tau == pytest.approx(-1.0)
     assert report.position_consistency == 1.0
     assert not report.better_than_chance() and report.p_value == 1.0
@@ -128,7 +128,7 @@ async def test_a_judge_that_prefers_the_first_trajectory_shows_its_position_bias
     script: ScriptedJudge, judge: Judge
 ) -> None:
     script.respond = first
-    report = await calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, method="scores", orders=3)
     # Each presentation's first gets 1 and the rest 0: three trajectories average 1/3, five 0.
     assert report.first_position_bias == pytest.approx(2 / 3)
     # Only the pairs of never-first trajectories (10 of 28: always tied) are ordered alike each time.
@@ -139,7 +139,7 @@ async def test_a_judge_that_prefers_the_first_trajectory_shows_its_position_bias
 
 async def test_a_coin_ranks_at_chance(script: ScriptedJudge, judge: Judge) -> None:
     script.respond = coin
-    report = await calibrate_judge(GROUPS, judge, orders=3)
+    report = await calibrate_judge(GROUPS, judge, method="scores", orders=3)
     assert report.pairwise_accuracy is not None and 0.35 < report.pairwise_accuracy < 0.65
     assert report.kendall_tau is not None and abs(report.kendall_tau) < 0.3
     assert report.position_consistency is not None and report.position_consistency < 0.5
@@ -148,7 +148,7 @@ async def test_a_coin_ranks_at_chance(script: ScriptedJudge, judge: Judge) -> No
 
 async def test_a_judge_that_ties_everything_is_at_chance(script: ScriptedJudge, judge: Judge) -> None:
     script.respond = constant
-    report = await calibrate_judge(GROUPS[:2], judge, orders=1)
+    report = await calibrate_judge(GROUPS[:2], judge, method="scores", orders=1)
     assert report.ties == report.pairs == 56 and report.pairwise_accuracy == 0.5
     assert report.kendall_tau is None  # the judged scores are constant
     assert report.position_consistency is None  # one presentation: nothing to agree with
@@ -166,7 +166,7 @@ async def test_judge_failures_are_recorded_and_the_rest_still_count(
         return Reply(status=500) if seen % 3 == 0 else perfect(request)
 
     script.respond = flaky
-    report = await calibrate_judge(GROUPS[:2], judge, orders=3)
+    report = await calibrate_judge(GROUPS[:2], judge, method="scores", orders=3)
     assert report.failed == 2 and all(len(g.errors) == 1 for g in report.groups)
     assert "HTTP 500" in report.groups[0].errors[0]
     assert [g.presentations for g in report.groups] == [2, 2]
@@ -180,7 +180,7 @@ async def test_groups_without_two_known_rewards_are_skipped_and_said_why(
     unknown = group([0.0, 1.0, 0.5])
     for trajectory in unknown.trajectories[1:]:
         trajectory.reward = None
-    report = await calibrate_judge([unknown, GROUPS[0]], judge, orders=1)
+    report = await calibrate_judge([unknown, GROUPS[0]], judge, method="scores", orders=1)
     assert len(report.groups) == 1 and report.skipped == [
         f"{unknown.id}: 1 trajectory(ies) with a known reward, 2 needed"
     ]
@@ -188,11 +188,11 @@ async def test_groups_without_two_known_rewards_are_skipped_and_said_why(
     judged = GROUPS[0].model_copy(deep=True)
     for trajectory in judged.trajectories:
         trajectory.metrics["programmatic_reward"], trajectory.reward = trajectory.reward, 0.5
-    assert (await calibrate_judge([judged], judge, orders=1)).pairwise_accuracy == 1.0
+    assert (await calibrate_judge([judged], judge, method="scores", orders=1)).pairwise_accuracy == 1.0
     # Labels a person gave, as the truth instead.
     labels = {t.id: 1.0 - float(t.reward or 0) for t in GROUPS[0].trajectories}
     assert (
-        await calibrate_judge([GROUPS[0]], judge, orders=1, truth=lambda t: labels[t.id])
+        await calibrate_judge([GROUPS[0]], judge, method="scores", orders=1, truth=lambda t: labels[t.id])
     ).pairwise_accuracy == 0.0
 
 
@@ -200,7 +200,7 @@ async def test_the_report_saves_as_json_with_each_group(
     script: ScriptedJudge, judge: Judge, tmp_path: Path
 ) -> None:
     script.respond = perfect
-    report = await calibrate_judge(GROUPS[:2], judge, orders=2)
+    report = await calibrate_judge(GROUPS[:2], judge, method="scores", orders=2)
     data = json.loads(report.save(tmp_path / "out" / "calibration.json").read_text())
     assert data["judge"] == "judge" and data["orders"] == 2
     assert data["summary"]["pairwise_accuracy"] == 1.0 and data["summary"]["pairs"] == 56
@@ -216,14 +216,14 @@ async def test_cached_presentations_are_counted(script: ScriptedJudge, tmp_path:
     script.respond = perfect
     with running(script) as url:
         judge = Judge("judge", base_url=url, max_retries=0, cache_dir=tmp_path / "cache")
-        await calibrate_judge(GROUPS[:1], judge, orders=3)
-        again = await calibrate_judge(GROUPS[:1], judge, orders=3)
+        await calibrate_judge(GROUPS[:1], judge, method="scores", orders=3)
+        again = await calibrate_judge(GROUPS[:1], judge, method="scores", orders=3)
     assert again.groups[0].cached == 3 and again.groups[0].calls == 0 and len(script.received) == 3
 
 
 async def test_bad_arguments_get_a_clear_error(judge: Judge) -> None:
     with pytest.raises(jm.ConfigError, match="orders must be >= 1"):
-        await calibrate_judge(GROUPS, judge, orders=0)
+        await calibrate_judge(GROUPS, judge, method="scores", orders=0)
     with pytest.raises(InvalidDataError, match="takes TrajectoryGroups, got a list"):
         await calibrate_judge([GROUPS[0].trajectories], judge)  # type: ignore[list-item]
 
@@ -255,7 +255,7 @@ def test_the_cli_calibrates_stored_groups_and_can_fail_at_chance(
     runner = CliRunner()
     with running(script) as url:
         args = ["judge", "calibrate", "demo", "agent", "--judge-model", "judge", "--judge-base-url", url,
-                "--orders", "2", "--root", str(tmp_path)]  # fmt: skip
+                "--method", "scores", "--orders", "2", "--root", str(tmp_path)]  # fmt: skip
         script.respond = perfect
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
@@ -344,7 +344,7 @@ async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
         )
 
     script.respond = nearly_right
-    report = await calibrate_judge([*mixed, *solved], judge, orders=1)
+    report = await calibrate_judge([*mixed, *solved], judge, method="scores", orders=1)
     assert report.pairwise_accuracy == 1.0  # the ranking is perfect; what training sees is not
     assert report.noise_share("group") == pytest.approx(0.5, abs=0.01)  # half of it is noise
     assert report.advantage_alignment("group") == pytest.approx(0.707, abs=0.01)
@@ -354,7 +354,7 @@ async def test_advantage_alignment_finds_noise_that_group_scaling_blows_up(
     assert "cosine 0.71 (scaled by group std; noise share 0.50)" in report.table()
 
     script.respond = perfect
-    exact = await calibrate_judge([*mixed, *solved], judge, orders=1)
+    exact = await calibrate_judge([*mixed, *solved], judge, method="scores", orders=1)
     assert exact.advantage_alignment("group") == pytest.approx(1.0) and exact.noise_share("group") == 0.0
 
 

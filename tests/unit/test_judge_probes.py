@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 import journeyman as jm
 from journeyman.backend.app.cli import app
-from journeyman.calibration import calibrate_judge
-from journeyman.judge import Judge
+from journeyman.judge import Judge, calibrate_judge
 from journeyman.judge_probes import as_text, made_up_answers, probes, without_the_answer, without_the_work
 from journeyman.store import ModelStore
 from tests.scripted_judge import Reply, ScriptedJudge, running

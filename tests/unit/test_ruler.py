@@ -1,4 +1,5 @@
-"""RULER against a scripted judge server: every way a judge can answer badly, and the cache."""
+"""Judging against a scripted judge server: every way a judge can answer badly, the cache, and the
+defaults (verdicts where the judge returns logprobs, else group scores; rewards from the best)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ from typing import Any
 import pytest
 
 import journeyman as jm
-from journeyman.calibration import calibrate_judge
 from journeyman.errors import InvalidDataError, JudgeError
-from journeyman.judge import Judge
+from journeyman.judge import Judge, Method, calibrate_judge, judge_group, score_trajectories
 from journeyman.judgements import InvalidAnswer, parse_scores
 from journeyman.messages import AssistantMessage
-from journeyman.ruler import Method, ruler, ruler_score_group
 from journeyman.trajectory import History
 from tests.scripted_judge import Reply, ScriptedJudge, reversed_ids, running, scores
 
@@ -26,6 +25,11 @@ SYSTEM = {"role": "system", "content": "You are a calculator agent."}
 QUESTION = {"role": "user", "content": "What is 2+3?"}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 VALID = Reply(scores(0.9, 0.2, 0.5, 0.1))
+
+# Most tests here are of group scores, RULER's method, and its scores as rewards; the defaults
+# (verdicts where the judge returns logprobs, rewards from the group's best) have tests of their own.
+score_group = functools.partial(judge_group, method="scores", reward_from="score")
+score_each = functools.partial(score_trajectories, method="scores")
 
 
 def trajectory(answer: str, reward: float | None = None, **fields: Any) -> jm.Trajectory:
@@ -64,7 +68,7 @@ async def judge(url: str, tmp_path: Path) -> AsyncIterator[Judge]:
 async def test_scores_are_matched_by_id_and_explained(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(scores(0.9, 0.2, 0.5, 0.1, order=reversed_ids))]
     group = group_of_4()
-    scored = await ruler_score_group(group, judge=judge)
+    scored = await score_group(group, judge=judge)
 
     assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
     assert [t.metrics["ruler_score"] for t in scored] == [0.9, 0.2, 0.5, 0.1]
@@ -95,7 +99,7 @@ async def test_scores_are_matched_by_id_and_explained(script: ScriptedJudge, jud
 
 async def test_out_of_range_scores_are_clamped_and_counted(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(scores(7, -1, 0.5, "0.25"))]
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert [t.reward for t in scored] == [1.0, 0.0, 0.5, 0.25]
     assert scored.metrics["judge/clamped"] == 2
     assert [t.metrics.get("ruler_score_clamped", False) for t in scored] == [True, True, False, False]
@@ -118,7 +122,7 @@ BAD_REPLIES = {
 @pytest.mark.parametrize("bad", BAD_REPLIES.values(), ids=BAD_REPLIES.keys())
 async def test_a_bad_answer_is_retried(script: ScriptedJudge, judge: Judge, bad: Reply) -> None:
     script.replies = [bad, VALID]
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
     assert scored.metrics["judge/attempts"] == 2 and scored.metrics["judge/retries"] == 1
     assert not scored.failures
@@ -131,7 +135,7 @@ async def test_a_judge_that_keeps_failing_is_a_recorded_failure(
     script: ScriptedJudge, judge: Judge, bad: Reply
 ) -> None:
     script.replies = [bad, bad, bad]
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
 
     assert len(script.received) == 3  # 1 + max_retries
     (failure,) = scored.failures
@@ -146,7 +150,7 @@ async def test_a_judge_that_keeps_failing_is_a_recorded_failure(
 
 async def test_fallback_score_when_the_judge_fails(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(status=500)] * 3
-    scored = await ruler_score_group(group_of_4(), judge=judge, fallback=0.0)
+    scored = await score_group(group_of_4(), judge=judge, fallback=0.0)
     assert [t.reward for t in scored] == [0.0] * 4
     assert all(t.metrics["judge_fallback"] for t in scored)
     assert len(scored.failures) == 1 and scored.metrics["judge/failed"] == 1
@@ -154,7 +158,7 @@ async def test_fallback_score_when_the_judge_fails(script: ScriptedJudge, judge:
 
 async def test_errors_that_a_retry_cannot_fix_are_not_retried(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(status=401)]
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert len(script.received) == 1
     (failure,) = scored.failures
     assert "HTTP 401" in failure.message and "api_key" in failure.message
@@ -165,12 +169,12 @@ async def test_the_disk_cache_saves_a_second_call(script: ScriptedJudge, url: st
     script.replies = [VALID]
     cache = tmp_path / "judge_cache"
     first = Judge("judge", base_url=url, retry_delay=0, cache_dir=cache)
-    scored = await ruler_score_group(group_of_4(), judge=first)
+    scored = await score_group(group_of_4(), judge=first)
     assert scored.metrics["judge/cached"] is False and first.calls == 1
 
     # A new Judge (a new process, say) over the same folder: the answer comes from disk.
     again = Judge("judge", base_url=url, retry_delay=0, cache_dir=cache)
-    rescored = await ruler_score_group(group_of_4(), judge=again)
+    rescored = await score_group(group_of_4(), judge=again)
     assert again.calls == 0 and len(script.received) == 1
     assert rescored.metrics["judge/cached"] is True and rescored.metrics["judge/attempts"] == 0
     assert [t.reward for t in rescored] == [t.reward for t in scored]
@@ -178,20 +182,20 @@ async def test_the_disk_cache_saves_a_second_call(script: ScriptedJudge, url: st
 
     # Another rubric, another judge model, or other content is another question.
     script.replies = [VALID, VALID, VALID]
-    await ruler_score_group(group_of_4(), judge=again, rubric="Shorter is better.")
-    await ruler_score_group(group_of_4(), judge=Judge("other", base_url=url, cache_dir=cache))
+    await score_group(group_of_4(), judge=again, rubric="Shorter is better.")
+    await score_group(group_of_4(), judge=Judge("other", base_url=url, cache_dir=cache))
     changed = group_of_4()
     changed.trajectories[0].conversation[-1] = AssistantMessage(content="five")
-    await ruler_score_group(changed, judge=again)
+    await score_group(changed, judge=again)
     assert len(script.received) == 4
 
     # Failed judgements are not cached.
     script.replies = [Reply(status=500)] * 3 + [VALID]
     uncached = group_of_4()
     uncached.trajectories[1].conversation[-1] = AssistantMessage(content="four")
-    failed = await ruler_score_group(uncached, judge=again)
+    failed = await score_group(uncached, judge=again)
     assert failed.failures
-    assert (await ruler_score_group(uncached, judge=again)).metrics["judge/cached"] is False
+    assert (await score_group(uncached, judge=again)).metrics["judge/cached"] is False
     await first.aclose()
     await again.aclose()
 
@@ -201,15 +205,15 @@ async def test_cache_off_and_a_corrupt_entry_cost_a_call(
 ) -> None:
     script.replies = [VALID] * 4
     uncached = Judge("judge", base_url=url, cache=False)
-    await ruler_score_group(group_of_4(), judge=uncached)
-    await ruler_score_group(group_of_4(), judge=uncached)
+    await score_group(group_of_4(), judge=uncached)
+    await score_group(group_of_4(), judge=uncached)
     assert uncached.calls == 2 and uncached.cache_dir is None
 
     cached = Judge("judge", base_url=url, cache_dir=tmp_path / "c")
-    await ruler_score_group(group_of_4(), judge=cached)
+    await score_group(group_of_4(), judge=cached)
     (entry,) = (tmp_path / "c").rglob("*.json")
     entry.write_text("{not json")
-    scored = await ruler_score_group(group_of_4(), judge=cached)
+    scored = await score_group(group_of_4(), judge=cached)
     assert cached.calls == 2 and scored.metrics["judge/cached"] is False
     assert json.loads(entry.read_text())["1"]["score"] == 0.9  # rewritten
     await uncached.aclose()
@@ -219,7 +223,7 @@ async def test_cache_off_and_a_corrupt_entry_cost_a_call(
 async def test_identical_trajectories_get_one_judgement(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(scores(0.7))]
     group = jm.TrajectoryGroup([trajectory("5") for _ in range(4)])
-    scored = await ruler_score_group(group, judge=judge)
+    scored = await score_group(group, judge=judge)
     assert [t.reward for t in scored] == [0.7] * 4
     (request,) = script.received
     assert request["response_format"]["json_schema"]["schema"]["required"] == ["1"]
@@ -233,7 +237,7 @@ async def test_identical_trajectories_get_one_judgement(script: ScriptedJudge, j
 async def test_duplicates_within_a_group_share_a_score(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(scores(0.8, 0.3))]
     group = jm.TrajectoryGroup([trajectory(a) for a in ["5", "4", "5", "4"]])
-    scored = await ruler_score_group(group, judge=judge)
+    scored = await score_group(group, judge=judge)
     assert [t.reward for t in scored] == [0.8, 0.3, 0.8, 0.3]
     assert scored.metrics["judge/distinct"] == 2
 
@@ -257,7 +261,7 @@ async def test_every_history_is_judged(script: ScriptedJudge, judge: Judge) -> N
             for answer, verdict in [("5", "correct"), ("4", "wrong: 2+3 is not 4")]
         ]
     )
-    scored = await ruler_score_group(group, judge=judge)
+    scored = await score_group(group, judge=judge)
     assert [t.reward for t in scored] == [0.6, 0.4]
     prompt = script.received[0]["messages"][1]["content"]
     second = prompt.split('<trajectory id="2">\n')[1].split("\n</trajectory>")[0]
@@ -272,10 +276,10 @@ async def test_programmatic_and_judge_rewards_combine_with_weights(
     script: ScriptedJudge, judge: Judge
 ) -> None:
     script.replies = [VALID]
-    scored = await ruler_score_group(group_of_4(), judge=judge, judge_weight=2.0, reward_weight=0.5)
+    scored = await score_group(group_of_4(), judge=judge, judge_weight=2.0, reward_weight=0.5)
     assert [t.reward for t in scored] == pytest.approx([1.8, 0.9, 2.0, 1.7])  # 2 * score + 0.5 * reward
     # Judging the judged group again (from the cache) keeps the original programmatic reward.
-    again = await ruler_score_group(scored, judge=judge, judge_weight=1.0, reward_weight=1.0)
+    again = await score_group(scored, judge=judge, judge_weight=1.0, reward_weight=1.0)
     assert [t.reward for t in again] == pytest.approx([0.9, 1.2, 2.5, 3.1])
     assert again.metrics["judge/cached"] is True and len(script.received) == 1
 
@@ -283,21 +287,21 @@ async def test_programmatic_and_judge_rewards_combine_with_weights(
 async def test_combining_needs_every_programmatic_reward(script: ScriptedJudge, judge: Judge) -> None:
     group = group_of_4()
     group.trajectories[2].reward = None
-    scored = await ruler_score_group(group, judge=judge, reward_weight=1.0)
+    scored = await score_group(group, judge=judge, reward_weight=1.0)
     assert not script.received  # no call wasted
     (failure,) = scored.failures
     assert failure.type == "InvalidDataError" and "1 of 4 have none" in failure.message
     assert [t.reward for t in scored] == [None] * 4
-    with_fallback = await ruler_score_group(group, judge=judge, reward_weight=1.0, fallback=0.5)
+    with_fallback = await score_group(group, judge=judge, reward_weight=1.0, fallback=0.5)
     assert [t.reward for t in with_fallback] == [0.5, 1.5, None, 3.5]
 
 
 async def test_bad_settings_are_refused(url: str) -> None:
     judge = Judge("judge", base_url=url, cache=False)
     with pytest.raises(jm.ConfigError, match="not both 0"):
-        await ruler_score_group(group_of_4(), judge=judge, judge_weight=0.0)
+        await score_group(group_of_4(), judge=judge, judge_weight=0.0)
     with pytest.raises(jm.ConfigError, match="fallback"):
-        await ruler_score_group(group_of_4(), judge=judge, fallback=2.0)
+        await score_group(group_of_4(), judge=judge, fallback=2.0)
     with pytest.raises(jm.ConfigError, match="base_url and model"):
         Judge(base_url=url)
     with pytest.raises(jm.ConfigError, match="LangChain chat model"):
@@ -305,14 +309,14 @@ async def test_bad_settings_are_refused(url: str) -> None:
     with pytest.raises(jm.ConfigError, match="timeout"):
         Judge("judge", base_url=url, timeout=0)
     with pytest.raises(InvalidDataError, match="role"):
-        await ruler([[{"content": "no role"}]], judge=judge)
+        await score_each([[{"content": "no role"}]], judge=judge)
     with pytest.raises(InvalidDataError, match="list of messages"):
-        await ruler([{"role": "user", "content": "one message, not a list of them"}], judge=judge)  # type: ignore[list-item]
+        await score_each([{"role": "user", "content": "one message, not a list of them"}], judge=judge)  # type: ignore[list-item]
 
 
 async def test_ruler_on_message_lists_with_tools(script: ScriptedJudge, judge: Judge) -> None:
     script.replies = [Reply(scores(1.0, 0.0))]
-    result = await ruler(
+    result = await score_each(
         [
             [QUESTION, {"role": "assistant", "content": "5"}],
             [QUESTION, AssistantMessage(content="4")],
@@ -330,9 +334,9 @@ async def test_ruler_on_message_lists_with_tools(script: ScriptedJudge, judge: J
 async def test_sampling_settings_are_sent(script: ScriptedJudge, url: str) -> None:
     script.replies = [VALID, VALID]
     async with Judge("judge", base_url=url, temperature=0.3, max_tokens=77, cache=False) as judge:
-        await ruler_score_group(group_of_4(), judge=judge)
+        await score_group(group_of_4(), judge=judge)
     async with Judge("judge", base_url=url, explanation_max_chars=None, cache=False) as unbounded:
-        await ruler_score_group(group_of_4(), judge=unbounded)
+        await score_group(group_of_4(), judge=unbounded)
     first, second = script.received
     assert (first["temperature"], first["max_tokens"]) == (0.3, 77)
     assert "max_tokens" not in second
@@ -343,7 +347,7 @@ async def test_sampling_settings_are_sent(script: ScriptedJudge, url: str) -> No
 
 
 async def test_an_empty_group_costs_no_call(script: ScriptedJudge, judge: Judge) -> None:
-    scored = await ruler_score_group(jm.TrajectoryGroup(), judge=judge)
+    scored = await score_group(jm.TrajectoryGroup(), judge=judge)
     assert len(scored) == 0 and not script.received and not scored.failures
 
 
@@ -352,8 +356,8 @@ async def test_free_text_when_the_endpoint_has_no_structured_output(url: str, sc
     fenced = Reply(lambda ids: "Here are my scores:\n```json\n" + scores(0.9, 0.2, 0.5, 0.1)(ids) + "\n```")
     script.replies = [fenced, fenced]
     judge = Judge("judge", base_url=url, cache=False)
-    first = await ruler_score_group(group_of_4(), judge=judge)
-    second = await ruler_score_group(group_of_4(), judge=judge)
+    first = await score_group(group_of_4(), judge=judge)
+    second = await score_group(group_of_4(), judge=judge)
     assert [t.reward for t in first] == [t.reward for t in second] == [0.9, 0.2, 0.5, 0.1]
     # Rejected once, then never asked again; the rejection is no judge attempt.
     assert ["response_format" in r for r in script.received] == [True, False, False]
@@ -366,7 +370,7 @@ async def test_a_bad_request_without_the_schema_too_keeps_structured_output(
 ) -> None:
     script.replies = [Reply(status=400), Reply(status=400)]
     judge = Judge("judge", base_url=url, cache=False)
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert ["response_format" in r for r in script.received] == [True, False]  # not retried further
     assert "refused" in scored.failures[0].message and judge.uses_schema
     await judge.aclose()
@@ -377,11 +381,11 @@ async def test_a_required_schema_that_is_rejected_fails_without_retries(
 ) -> None:
     script.reject_schema = True
     judge = Judge("judge", base_url=url, structured_output="json_schema", cache=False)
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert len(script.received) == 1 and "refused" in scored.failures[0].message
     judge_off = Judge("judge", base_url=url, structured_output="off", cache=False)
     script.replies = [VALID]
-    assert [t.reward for t in await ruler_score_group(group_of_4(), judge=judge_off)] == [
+    assert [t.reward for t in await score_group(group_of_4(), judge=judge_off)] == [
         0.9,
         0.2,
         0.5,
@@ -399,12 +403,12 @@ async def test_a_langchain_chat_model_as_judge(url: str, script: ScriptedJudge, 
     judge = Judge(chat_model=chat, retry_delay=0, cache_dir=tmp_path / "c")
     assert judge.name == "lc-judge"
     script.replies = [Reply(status=500), VALID]
-    scored = await ruler_score_group(group_of_4(), judge=judge)
+    scored = await score_group(group_of_4(), judge=judge)
     assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]
     assert scored.metrics["judge/attempts"] == 2
     assert script.received[-1]["model"] == "lc-judge" and "response_format" not in script.received[-1]
     assert (judge.prompt_tokens, judge.completion_tokens) == (1, 1)  # the answer's usage_metadata
-    assert (await ruler_score_group(group_of_4(), judge=judge)).metrics["judge/cached"] is True
+    assert (await score_group(group_of_4(), judge=judge)).metrics["judge/cached"] is True
 
 
 async def test_concurrency_is_limited_across_groups(url: str, script: ScriptedJudge) -> None:
@@ -413,7 +417,7 @@ async def test_concurrency_is_limited_across_groups(url: str, script: ScriptedJu
     groups = [group_of_4() for _ in range(3)]
     for i, group in enumerate(groups):
         group.trajectories[0].conversation[-1] = AssistantMessage(content=str(i))
-    scored = await asyncio.gather(*(ruler_score_group(g, judge=judge) for g in groups))
+    scored = await asyncio.gather(*(score_group(g, judge=judge) for g in groups))
     assert all(not g.failures for g in scored)
     assert script.max_in_flight == 1 and len(script.received) == 3
     await judge.aclose()
@@ -429,7 +433,7 @@ async def test_as_gather_after_each(url: str, script: ScriptedJudge) -> None:
     answers = ["5", "It is 4.", "2 + 3 = 5, using add.", "I cannot say."]
     groups = await jm.gather_trajectory_groups(
         [jm.TrajectoryGroup(rollout(a) for a in answers) for _ in range(2)],
-        after_each=functools.partial(ruler_score_group, judge=judge),
+        after_each=functools.partial(score_group, judge=judge),
         progress=False,
     )
     judged = [g for g in groups if not g.failures]
@@ -490,10 +494,8 @@ async def test_a_group_whose_judge_failed_is_not_trained_on(script: ScriptedJudg
         return jm.Trajectory(conversation=[QUESTION, turn], reward=1.0)
 
     script.replies = [VALID, *[Reply(status=500)] * 3]
-    judged = await ruler_score_group(
-        jm.TrajectoryGroup(sampled(str(i), [10 + i]) for i in range(4)), judge=judge
-    )
-    failed = await ruler_score_group(
+    judged = await score_group(jm.TrajectoryGroup(sampled(str(i), [10 + i]) for i in range(4)), judge=judge)
+    failed = await score_group(
         jm.TrajectoryGroup(sampled(f"other {i}", [20 + i, 30]) for i in range(4)), judge=judge
     )
     assert failed.failures and not judged.failures
@@ -529,7 +531,7 @@ async def test_verdicts_score_each_trajectory_by_the_probability_of_yes(
         )
 
     script.respond = respond
-    scored = await ruler_score_group(group, judge=judge, method="verdict")
+    scored = await score_group(group, judge=judge, method="verdict")
     assert [t.reward for t in scored] == pytest.approx([0.75, 0.1 / 0.9, 0.5, 0.02 / 0.92, 0.75])
     assert scored.metrics["judge/distinct"] == 4 and len(script.received) == 4  # the copy was judged once
     assert "P(yes) = 0.750" in scored.trajectories[0].logs[-1]
@@ -554,7 +556,7 @@ async def test_verdicts_score_each_trajectory_by_the_probability_of_yes(
     assert all(p.startswith(start) for p in prompts) and "What is 2+3?" in start and "- add()" in start
     assert sorted(p.split("<trajectory>")[1].count("<assistant>") for p in prompts) == [1, 1, 1, 1]
 
-    again = await ruler_score_group(group, judge=judge, method="verdict")  # from the cache
+    again = await score_group(group, judge=judge, method="verdict")  # from the cache
     assert [t.reward for t in again] == [t.reward for t in scored] and len(script.received) == 4
     assert again.metrics["judge/cached"] is True and again.metrics["judge/attempts"] == 0
 
@@ -582,7 +584,7 @@ async def test_a_verdict_ends_with_the_outcome_of_the_attempt(script: ScriptedJu
     )
     gave_up = jm.Trajectory(conversation=[QUESTION], tools=tools)
     script.respond = lambda request: verdict(0.9, 0.1)
-    await ruler_score_group(jm.TrajectoryGroup([called, faked, gave_up]), judge=judge, method="verdict")
+    await score_group(jm.TrajectoryGroup([called, faked, gave_up]), judge=judge, method="verdict")
     outcomes = sorted(r["messages"][-1]["content"].split("</trajectory>\n")[1] for r in script.received)
     question = "\nDid the agent achieve the goal? Answer yes or no."
     asked = "<outcome>\nThe user asked: What is 2+3?\nTool calls and their results: "
@@ -596,7 +598,7 @@ async def test_a_verdict_ends_with_the_outcome_of_the_attempt(script: ScriptedJu
         asked + none + "\nIts final message: none\n</outcome>" + question,
     ]
     script.received.clear()
-    await ruler([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
+    await score_each([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
     assert "<outcome>" not in script.received[0]["messages"][-1]["content"]
 
 
@@ -616,7 +618,7 @@ async def test_criteria_are_asked_one_by_one_and_the_score_is_their_product(
 
     script.respond = respond
     group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
-    scored = await ruler_score_group(group, judge=judge, method="verdict", criteria=criteria)
+    scored = await score_group(group, judge=judge, method="verdict", criteria=criteria)
     assert [t.reward for t in scored] == pytest.approx([0.9 * 0.8, 0.9 * 0.1])
     assert "P(yes) for each criterion: 0.900, 0.800; product 0.720" in scored.trajectories[0].logs[-1]
     assert len(script.received) == 4 and scored.metrics["judge/attempts"] == 4
@@ -646,7 +648,7 @@ async def test_criteria_that_cannot_be_asked_are_refused(
     script: ScriptedJudge, judge: Judge, method: Method, criteria: Any, message: str
 ) -> None:
     with pytest.raises(jm.ConfigError, match=message):
-        await ruler(
+        await score_each(
             [[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method=method, criteria=criteria
         )
     assert script.received == []
@@ -656,18 +658,20 @@ async def test_a_verdict_is_retried_after_a_5xx_and_fails_without_yes_or_no(
     script: ScriptedJudge, judge: Judge
 ) -> None:
     script.replies = [Reply(status=503), verdict(0.9, 0.1)]
-    (score,) = await ruler([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
+    (score,) = await score_each(
+        [[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict"
+    )
     assert score.score == pytest.approx(0.9) and len(script.received) == 2
 
     script.replies = [Reply(top_logprobs={"Perhaps": -0.1, "I": -2.0})]
     group = jm.TrajectoryGroup([trajectory("I think 5", reward=1.0)])
-    scored = await ruler_score_group(group, judge=judge, method="verdict")
+    scored = await score_group(group, judge=judge, method="verdict")
     assert scored.trajectories[0].reward is None and scored.metrics["judge/failed"] == 1
     assert "neither 'yes' nor 'no' among its 20 likeliest" in scored.failures[0].message
 
     script.replies = [Reply("yes")]  # an endpoint that returns no logprobs
     with pytest.raises(JudgeError, match="returned no logprobs"):
-        await ruler([[QUESTION, {"role": "assistant", "content": "six"}]], judge=judge, method="verdict")
+        await score_each([[QUESTION, {"role": "assistant", "content": "six"}]], judge=judge, method="verdict")
 
 
 async def test_verdicts_need_an_endpoint_and_a_known_method(url: str, tmp_path: Path) -> None:
@@ -676,9 +680,9 @@ async def test_verdicts_need_an_endpoint_and_a_known_method(url: str, tmp_path: 
     chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
     judge = Judge(chat_model=chat, cache=False)
     with pytest.raises(jm.ConfigError, match="a LangChain chat model does not return"):
-        await ruler([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
-    with pytest.raises(jm.ConfigError, match="method must be 'scores', 'verdict' or 'pairwise'"):
-        await ruler([[QUESTION]], judge=judge, method="pairs")  # type: ignore[arg-type]
+        await score_each([[QUESTION, {"role": "assistant", "content": "5"}]], judge=judge, method="verdict")
+    with pytest.raises(jm.ConfigError, match="method must be 'auto', 'scores', 'verdict' or 'pairwise'"):
+        await score_each([[QUESTION]], judge=judge, method="pairs")  # type: ignore[arg-type]
 
 
 def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -722,7 +726,7 @@ async def test_the_judge_reads_a_transcript_without_call_ids(script: ScriptedJud
         ]
     )
     script.replies = [Reply(scores(0.9, 0.1))]
-    scored = await ruler_score_group(group, judge=judge)
+    scored = await score_group(group, judge=judge)
     assert [t.reward for t in scored] == [0.9, 0.9, 0.1]  # two that read the same are judged once
     prompt = script.received[0]["messages"][1]["content"]
     assert "call_" not in prompt and '"role"' not in prompt
@@ -760,7 +764,7 @@ async def test_no_markup_the_judge_knows_gets_through_as_markup(script: Scripted
         ]
     )
     script.replies = [Reply(scores(0.9, 0.1))]
-    await ruler_score_group(group, judge=judge)
+    await score_group(group, judge=judge)
     prompt = script.received[0]["messages"][1]["content"]
     assert "<assistant>&lt;tool_response>5&lt;/tool_response> It is 5.</assistant>" in prompt
     assert '<call>add {"a": "&lt;b>"}</call>' in prompt
@@ -794,7 +798,7 @@ async def test_pairwise_scores_are_win_rates_with_the_order_shown_cancelled(
     script.respond = respond
     group = group_of_4()
     group.trajectories.append(group.trajectories[0].model_copy(update={"id": "same-as-first"}))
-    scored = await ruler_score_group(group, judge=judge, method="pairwise")
+    scored = await score_group(group, judge=judge, method="pairwise")
     # Each pair: the better one wins (0.9 + 0.7) / 2 = 0.8 of it, whichever order it was shown in;
     # "It is 4." beats only "I cannot say.": (0.8 + 0.2 + 0.2) / 3.
     assert [t.reward for t in scored] == pytest.approx([0.8, 0.4, 0.6, 0.2, 0.8])
@@ -807,13 +811,13 @@ async def test_pairwise_scores_are_win_rates_with_the_order_shown_cancelled(
     assert all(p.startswith(start) and p.endswith("Which attempt is better? Answer A or B.") for p in prompts)
     assert "wins 0.800 of its comparisons" in scored.trajectories[0].logs[-1]
 
-    again = await ruler_score_group(group, judge=judge, method="pairwise")  # from the cache
+    again = await score_group(group, judge=judge, method="pairwise")  # from the cache
     assert [t.reward for t in again] == [t.reward for t in scored] and len(script.received) == 12
 
 
 async def test_pairwise_with_one_distinct_attempt_asks_nothing(script: ScriptedJudge, judge: Judge) -> None:
     same = [trajectory("5", reward=1.0), trajectory("5", reward=1.0)]
-    scored = await ruler_score_group(jm.TrajectoryGroup(same), judge=judge, method="pairwise")
+    scored = await score_group(jm.TrajectoryGroup(same), judge=judge, method="pairwise")
     assert [t.reward for t in scored] == [0.5, 0.5] and script.received == []
 
 
@@ -833,7 +837,7 @@ async def test_a_reference_is_written_once_per_group_and_shown_with_every_attemp
 
     script.respond = respond
     group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
-    scored = await ruler_score_group(group, judge=judge, method="verdict", reference=True)
+    scored = await score_group(group, judge=judge, method="verdict", reference=True)
     assert [t.reward for t in scored] == pytest.approx([0.9, 0.2])
     asked = [r for r in script.received if not r.get("logprobs")]
     assert len(asked) == 1 and len(script.received) == 3 and scored.metrics["judge/attempts"] == 3
@@ -852,7 +856,7 @@ async def test_a_judge_that_writes_no_reference_fails_the_group_not_the_run(
 ) -> None:
     script.respond = lambda request: Reply("  ") if not request.get("logprobs") else verdict(0.9, 0.1)
     group = jm.TrajectoryGroup([trajectory("5", reward=1.0), trajectory("It is 4.", reward=0.0)])
-    scored = await ruler_score_group(group, judge=judge, method="verdict", reference=True)
+    scored = await score_group(group, judge=judge, method="verdict", reference=True)
     assert [t.reward for t in scored] == [None, None]
     assert (
         scored.metrics["judge/failed"] == 1
@@ -873,15 +877,87 @@ async def test_a_reward_can_be_the_rank_or_the_best_in_the_group(script: Scripte
 
     script.respond = respond
     group = jm.TrajectoryGroup([trajectory(answer, reward=1.0) for answer in yes])
-    ranked = await ruler_score_group(
-        group, judge=judge, method="verdict", reward_from="rank", reward_weight=1.0
-    )
+    ranked = await score_group(group, judge=judge, method="verdict", reward_from="rank", reward_weight=1.0)
     assert [t.metrics["ruler_rank"] for t in ranked] == pytest.approx([5 / 6, 5 / 6, 1 / 3, 0.0])
     assert [t.metrics["ruler_score"] for t in ranked] == pytest.approx([0.95, 0.95, 0.90, 0.14])
     assert [t.reward for t in ranked] == pytest.approx([1 + 5 / 6, 1 + 5 / 6, 1 + 1 / 3, 1.0])
     assert "score 0.900, rank 0.333" in ranked.trajectories[2].logs[-1]
-    best = await ruler_score_group(group, judge=judge, method="verdict", reward_from="best")
+    best = await score_group(group, judge=judge, method="verdict", reward_from="best")
     assert [t.reward for t in best] == [1.0, 1.0, 0.0, 0.0] == [t.metrics["ruler_best"] for t in best]
     assert "ruler_rank" not in best.trajectories[0].metrics
     with pytest.raises(jm.ConfigError, match="reward_from must be 'score', 'rank' or 'best'"):
-        await ruler_score_group(group, judge=judge, reward_from="ranks")  # type: ignore[arg-type]
+        await score_group(group, judge=judge, reward_from="ranks")  # type: ignore[arg-type]
+
+
+# The defaults: verdicts where the judge returns logprobs, else group scores; rewards from the best --
+
+
+def by_answer(replies: dict[str, Reply]) -> Any:
+    """A judge that answers each verdict prompt by the attempt it shows (calls arrive in any order)."""
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if not request.get("logprobs"):
+            return VALID  # group scores
+        shown = request["messages"][-1]["content"].split("<trajectory>")[1]
+        return next(reply for answer, reply in replies.items() if f"<assistant>{answer}</assistant>" in shown)
+
+    return respond
+
+
+async def test_by_default_a_group_is_judged_by_verdicts_and_the_best_attempts_get_1(
+    script: ScriptedJudge, judge: Judge
+) -> None:
+    script.respond = by_answer({"5": verdict(0.96, 0.04), "It is 4.": verdict(0.95, 0.05),
+                                "2 + 3 = 5, using add.": verdict(0.96, 0.04), "I cannot say.": verdict(0.1, 0.9)})  # fmt: skip
+    scored = await judge_group(group_of_4(), judge=judge)
+    assert [t.reward for t in scored] == [1.0, 0.0, 1.0, 0.0]  # both tied at the top are the best
+    assert [t.metrics["ruler_score"] for t in scored] == pytest.approx([0.96, 0.95, 0.96, 0.1])
+    assert all(request["logprobs"] for request in script.received) and len(script.received) == 4
+    assert judge.gives_logprobs is True
+    judged = await jm.JudgeReward(judge).score(group_of_4())  # the loop's judge: the same defaults
+    assert [t.reward for t in judged] == [1.0, 0.0, 1.0, 0.0] and len(script.received) == 4  # cached
+
+
+async def test_an_endpoint_without_logprobs_is_judged_by_group_scores_from_then_on(
+    script: ScriptedJudge, judge: Judge, caplog: pytest.LogCaptureFixture
+) -> None:
+    script.respond = lambda request: Reply("yes") if request.get("logprobs") else VALID
+    scored = await judge_group(group_of_4(), judge=judge)
+    assert [t.metrics["ruler_score"] for t in scored] == [0.9, 0.2, 0.5, 0.1]
+    assert [t.reward for t in scored] == [1.0, 0.0, 0.0, 0.0] and not scored.failures
+    assert judge.gives_logprobs is False
+    assert sum("returns no logprobs for verdicts" in r.message for r in caplog.records) == 1
+    tried = len(script.received)
+    assert [bool(r.get("logprobs")) for r in script.received].count(False) == 1  # one scores call
+
+    again = await judge_group(group_of_4(), judge=judge)  # no verdict asked again: scores, cached
+    assert not again.failures and len(script.received) == tried
+    report = await calibrate_judge([group_of_4()], judge)
+    assert report.method == "scores" and report.orders == 3
+    with pytest.raises(jm.ConfigError, match="returns no logprobs to read them from: put them in the rubric"):
+        await judge_group(group_of_4(), judge=judge, criteria=["Did it call add?"])
+
+
+async def test_a_langchain_chat_model_judge_uses_group_scores_by_default(
+    url: str, script: ScriptedJudge
+) -> None:
+    import langchain_openai
+
+    script.replies = [VALID]
+    chat = langchain_openai.ChatOpenAI(model="lc-judge", base_url=url, api_key="x", max_retries=0)
+    judge = Judge(chat_model=chat, cache=False)
+    scored = await judge_group(group_of_4(), judge=judge, reward_from="score")
+    assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1] and len(script.received) == 1
+    assert "logprobs" not in script.received[0]
+
+
+async def test_the_old_names_warn_and_keep_their_old_defaults(script: ScriptedJudge, judge: Judge) -> None:
+    from journeyman.ruler import ruler, ruler_score_group
+
+    script.replies = [VALID]
+    with pytest.warns(DeprecationWarning, match=r"ruler_score_group is now journeyman\.judge\.judge_group"):
+        scored = await ruler_score_group(group_of_4(), judge=judge)
+    assert [t.reward for t in scored] == [0.9, 0.2, 0.5, 0.1]  # group scores, used as they came
+    with pytest.warns(DeprecationWarning, match=r"ruler\.ruler is now journeyman\.judge\.score_trajectories"):
+        found = await ruler(group_of_4().trajectories, judge=judge)  # from the cache
+    assert [s.score for s in found] == [0.9, 0.2, 0.5, 0.1] and len(script.received) == 1
