@@ -59,7 +59,8 @@ class MissingDependencyError(ConfigError, ImportError):
         what = feature or "this part of journeyman"
         super().__init__(
             f"{what} needs the '{package}' package, which is not installed. "
-            f"Install it with: pip install 'journeyman[{extra}]'"
+            f"Install journeyman's '{extra}' extra: pip install \"./journeyman[{extra}]\" beside your clone "
+            f"of journeyman, or pip install -e \".[{extra}]\" inside it"
         )
 
 

@@ -23,11 +23,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
+from uuid import uuid4
 
 from pydantic import ValidationError
 
-from journeyman.errors import InvalidDataError
+from journeyman.errors import ConfigError, InvalidDataError
+from journeyman.loop import RolloutInfo, rollout_info
 from journeyman.messages import AssistantMessage, ModelTurn, ToolResult
+from journeyman.model import Model
 from journeyman.records import TOOL_CALL_FORMS, CompletionRecord, RecordSource
 from journeyman.trajectory import History, Trajectory, format_validation_error
 
@@ -47,6 +50,7 @@ __all__ = [
     "http_records",
     "join_each",
     "join_records",
+    "rollout_call",
 ]
 
 logger = logging.getLogger("journeyman.integrations")
@@ -377,3 +381,19 @@ def _add_tool_results(
                 history.add(message)
                 key.append(_key(message))
     return {"tool_calls": len(runs), "tool_errors": errors}
+
+
+def rollout_call(model: Model, rollout_id: str | None, framework: str) -> tuple[str, RolloutInfo | None]:
+    """The id under which a framework's chat model calls ``model`` for one rollout, and the training
+    loop's rollout in progress (its ``seed``), for the helpers that build that chat model. Default
+    id: where the rollout is in the loop (split, step, scenario, sample), then a random part."""
+    if model.inference_base_url is None:
+        raise ConfigError(
+            f"model {model.name!r} has no inference_base_url yet: build the {framework} after "
+            "`await model.register(backend)`"
+        )
+    info = rollout_info()
+    if rollout_id is None:
+        where = f"{info.split}-{info.step}-{info.index}-{info.sample}-" if info is not None else ""
+        rollout_id = where + uuid4().hex[:12]
+    return rollout_id, info

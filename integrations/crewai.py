@@ -4,6 +4,8 @@
 
     from journeyman.integrations.crewai import CrewTracer
 
+    llm = crew_llm(model, temperature=0.7)      # the crew's LLM, on the model being trained
+    ...                                         # build the crew's agents with `llm`, as before
     with CrewTracer() as tracer:                # the one line
         crew.kickoff(inputs=...)
     trajectory = tracer.trajectory
@@ -27,11 +29,13 @@ from typing import Any, Unpack
 
 from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.messages import AssistantMessage
+from journeyman.model import Model
 from journeyman.trajectory import Trajectory
 
-from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions, logger
+from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions, gateway_root, logger, rollout_call
 
 try:
+    import crewai
     from crewai.events import (
         LLMCallCompletedEvent,
         LLMCallFailedEvent,
@@ -44,9 +48,31 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the installed extras
     raise MissingDependencyError("crewai", "crewai", "journeyman.integrations.crewai") from error
 
-__all__ = ["CrewTracer"]
+__all__ = ["CrewTracer", "crew_llm"]
 
 _MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+
+
+def crew_llm(model: Model, *, rollout_id: str | None = None, **options: Any) -> crewai.LLM:
+    """A ``crewai.LLM`` that calls ``model`` through journeyman's gateway, for one rollout: build
+    the crew with it in the rollout function.
+
+    It calls the gateway's per-rollout URL (``.../r/<rollout_id>/v1``): the gateway records the
+    calls under ``rollout_id``, and while a canary runs all of the rollout's calls go to the
+    candidate or all to the promoted step. Default id: one made from the training loop's
+    :func:`~journeyman.rollout_info` in progress, which also gives the calls its sampling ``seed``;
+    else a new one. ``options`` go to ``crewai.LLM`` (``temperature``, ``max_tokens``...)."""
+    rollout_id, info = rollout_call(model, rollout_id, "crew's LLM")
+    assert model.inference_base_url is not None  # rollout_call checked it
+    gateway = gateway_root(model.inference_base_url)
+    if info is not None:
+        options.setdefault("seed", info.seed)
+    return crewai.LLM(
+        model=f"openai/{model.inference_name}",  # the plain name follows the newest trained adapter
+        base_url=f"{gateway}/r/{rollout_id}/v1",
+        api_key=model.inference_api_key or "journeyman",
+        **options,
+    )
 
 
 class CrewTracer(Tracer):

@@ -37,15 +37,14 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from journeyman.errors import ConfigError, MissingDependencyError
-from journeyman.loop import rollout_info
 from journeyman.model import Model
 from journeyman.records import ROLLOUT_HEADER
 from journeyman.trajectory import Trajectory
 
-from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions
+from .capture import Call, RecordSource, ToolRun, Tracer, TracerOptions, rollout_call
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -83,10 +82,7 @@ def chat_model(model: Model, *, rollout_id: str | None = None, **options: Any) -
         from langchain_openai import ChatOpenAI
     except ImportError as error:  # pragma: no cover - depends on the installed extras
         raise MissingDependencyError("langchain-openai", "langgraph", "chat_model") from error
-    if model.inference_base_url is None:
-        raise ConfigError(
-            f"model {model.name!r} has no inference_base_url yet: call chat_model after `await model.register(backend)`"
-        )
+    rollout_id, info = rollout_call(model, rollout_id, "chat model")
     endpoint = (model.inference_base_url, model.inference_name, model.inference_api_key)
     key = (id(model), repr((endpoint, sorted(options.items()))))  # registered again: a new one
     made = _CHAT_MODELS.get(key)
@@ -96,10 +92,6 @@ def chat_model(model: Model, *, rollout_id: str | None = None, **options: Any) -
             api_key=model.inference_api_key or "journeyman", **options,
         ))  # fmt: skip
     base: ChatOpenAI = made[1]
-    info = rollout_info()
-    if rollout_id is None:
-        where = f"{info.split}-{info.step}-{info.index}-{info.sample}-" if info is not None else ""
-        rollout_id = where + uuid4().hex[:12]
     update: dict[str, Any] = {
         "model_kwargs": {**base.model_kwargs, "extra_headers": {ROLLOUT_HEADER: rollout_id}}
     }

@@ -31,8 +31,8 @@ from crewai.tools import tool
 
 import journeyman as jm
 from journeyman.backend import LocalBackend
-from journeyman.integrations.crewai import CrewTracer
-from journeyman.ruler import DEFAULT_RUBRIC
+from journeyman.integrations.crewai import CrewTracer, crew_llm
+from journeyman.judge import DEFAULT_RUBRIC
 
 # CrewAI warns on every call to a model it has no tokenizer for ("approximate input token count").
 logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
@@ -94,13 +94,7 @@ def questions(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def make_crew(model: jm.TrainableModel, question: str, args: argparse.Namespace) -> crewai.Crew:
-    llm = crewai.LLM(
-        model=f"openai/{model.inference_name}",  # the plain name follows the newest adapter
-        base_url=model.inference_base_url,
-        api_key=model.inference_api_key,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-    )
+    llm = crew_llm(model, temperature=args.temperature, max_tokens=args.max_tokens)  # the model trained
     calculator = crewai.Agent(
         role="Calculator",
         goal="Compute with tools",
@@ -164,8 +158,12 @@ async def main(args: argparse.Namespace, backend: Any = None) -> dict[str, Any]:
             functools.partial(rollout, args=args),
             questions(args.questions * args.steps, args.seed),
             reward=right_number,
-            judge=jm.JudgeReward(
-                judge, rubric=RUBRIC, method=args.judge_method, reward_weight=args.reward_weight
+            judge=jm.JudgeReward(  # RULER: the group in one prompt, its scores the reward
+                judge,
+                rubric=RUBRIC,
+                method=args.judge_method,
+                reward_from=args.judge_reward,
+                reward_weight=args.reward_weight,
             ),
             group_size=args.group_size,
             scenarios_per_step=args.questions,
@@ -199,7 +197,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--judge-model", help="the judge: a local model on a vLLM server of its own (default: the base model)"
     )
-    parser.add_argument("--judge-method", choices=["scores", "verdict", "pairwise"], default="scores")
+    parser.add_argument("--judge-method", choices=["auto", "scores", "verdict", "pairwise"], default="scores")
+    parser.add_argument(
+        "--judge-reward",
+        choices=["score", "rank", "best"],
+        default="score",
+        help="what the judge's scores become",
+    )
     parser.add_argument("--root", type=Path, default=Path(".journeyman"))
     return parser.parse_args(argv)
 

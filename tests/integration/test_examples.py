@@ -74,7 +74,7 @@ def check_sampled_by_base(trajectory: jm.Trajectory) -> None:
 async def test_langgraph_calculator_example_trains_one_step(
     backend: Any, tokenizer: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from journeyman.backend.app.calculator import make_scenarios, score
+    from journeyman.backend.app.calculator import make_scenarios
 
     example = load("langgraph_calculator", "train.py")
     tiny = "--steps 1 --scenarios-per-step 2 --group-size 2 --val 2 --val-samples 1 --max-tokens 40"
@@ -94,7 +94,12 @@ async def test_langgraph_calculator_example_trains_one_step(
     for trajectory in (t for g in groups for t in g):
         asked = {m.content for m in trajectory.messages if m.role == "user"}
         [scenario] = [s for s in first if s.question in asked]  # one of the step's questions
-        assert trajectory.reward == score(copy.deepcopy(trajectory), scenario).reward  # the example's check
+        assert trajectory.reward == example.reward(copy.deepcopy(trajectory), scenario)  # the example's check
+        assert trajectory.metadata["question"] == scenario.question
+        assert sum(m.role == "user" for m in trajectory.messages) == 5  # 4 worked examples, then the question
+        for turn in trajectory.model_turns:  # chat_model: each call carries the loop's rollout id
+            record = backend.gateway.gateway.records.get(turn.completion_id)
+            assert record is not None and (record.rollout_id or "").startswith("train-0-")
         check_sampled_by_base(trajectory)
         check_token_exact(trajectory, backend.gateway, tokenizer)
 
@@ -223,6 +228,9 @@ async def test_crewai_crew_example_trains_one_step_on_ruler_scores(
             check_sampled_by_base(trajectory)
             for history in trajectory.histories:
                 check_token_exact(history, backend.gateway, tokenizer)
+                for turn in history.model_turns:  # crew_llm: each call on the rollout's own URL
+                    record = backend.gateway.gateway.records.get(turn.completion_id)
+                    assert record is not None and (record.rollout_id or "").startswith("train-0-")
     assert sum(f.stage == "judge" for g in groups for f in g.failures) == 2 - judged  # one failure per group
     if judged:  # the step's row keeps the judge's score and the right-number check beside it
         assert {"rollouts/ruler_score", "rollouts/programmatic_reward"} <= set(report.row)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +92,78 @@ def test_wheel_contains_the_three_packages_and_imports_from_itself(tmp_path: Pat
     assert (backend_module, pins) == ("journeyman.backend.local", "True")
     assert Path(location).is_relative_to(target)
     assert int(template_size) > 500
+
+
+def _readme_install() -> tuple[str, list[str]]:
+    """The extras of the README's `pip install "./journeyman[...]"` line, and the flags its next
+    paragraph adds on a machine without a GPU."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    extras = re.search(r'pip install "\./journeyman\[([a-z,-]+)\]"', readme)
+    cpu = re.search(r"Without a GPU, add `([^`]+)`", readme)
+    assert extras is not None and cpu is not None, "the README's install line or its CPU flags moved"
+    return extras[1], cpu[1].split()
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow  # a fresh environment, then the README's quick start in it: `make test-slow`
+@pytest.mark.timeout(1200)
+def test_the_readmes_install_line_makes_an_environment_that_trains(tmp_path: Path) -> None:
+    """The README's install, literally, into a new virtual environment (from a copy of this tree,
+    as from a clone), then `journeyman setup` and the README's quick start, one step."""
+    from tests.docs_snippets import snippets
+
+    extras, cpu_flags = _readme_install()
+    clone = tmp_path / "journeyman"  # what a clone holds: the files git tracks (or would)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    flags = [flag.replace("journeyman/", f"{clone}/", 1) for flag in cpu_flags]
+    if "--extra-index-url" in flags and not _resolves("download.pytorch.org"):
+        # CI's network reaches PyPI only; its pip finds the CPU build of torch on the machine's disk.
+        at = flags.index("--extra-index-url")
+        del flags[at : at + 2]
+    python, journeyman = venv / "bin" / "python", venv / "bin" / "journeyman"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"{clone}[{extras}]", *flags],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-3000:]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "JOURNEYMAN_ROOT": str(tmp_path / "runs")}
+    environment.pop("VIRTUAL_ENV", None)
+    setup = subprocess.run(
+        [str(journeyman), "setup"], capture_output=True, text=True, timeout=900, env=environment
+    )
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+
+    quick_start = snippets(ROOT / "README.md")[0]
+    assert quick_start.skip is None and "jm.TrainingLoop" in quick_start.code
+    (tmp_path / "quick_start.py").write_text(quick_start.code)
+    run = subprocess.run(
+        [str(python), "quick_start.py"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**environment, "JOURNEYMAN_MAX_STEPS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "trained 1 steps" in run.stdout, run.stdout
+    from journeyman.store import ModelStore
+
+    store = ModelStore("quickstart", "my-agent", root=tmp_path / "runs")
+    assert store.steps("train") == [0] and (store.path / "history.jsonl").is_file()
+    assert str(venv) in subprocess.run(  # the quick start ran on the new environment's journeyman
+        [str(python), "-c", "import journeyman; print(journeyman.__file__)"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip

@@ -69,7 +69,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: py
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets when it is missing
     result = runner.invoke(app, ["plot", "demo", "agent", "--root", str(tmp_path)])
     assert isinstance(result.exception, MissingDependencyError)
-    assert "pip install 'journeyman[bench]'" in str(result.exception)
+    assert 'pip install "./journeyman[bench]"' in str(result.exception)
 
 
 def test_trajectories_show_prints_the_conversation(tmp_path: Path) -> None:

@@ -43,6 +43,22 @@ def test_no_user_page_names_an_internal_issue(page: Path) -> None:
         assert not INTERNAL_ISSUE.search(line), f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
 
 
+FROM_PYPI = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?journeyman(?:\[|['\"\s]|$)", re.MULTILINE)
+"""``pip install journeyman...``: journeyman is not on PyPI, so an install line names a clone."""
+
+
+@pytest.mark.parametrize(
+    "page",
+    [*USER_PAGES, *sorted((ROOT / "examples").glob("*/README.md"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_page_installs_journeyman_from_pypi(page: Path) -> None:
+    found = FROM_PYPI.findall(page.read_text(encoding="utf-8"))
+    assert not found, (
+        f'{page.relative_to(ROOT)} installs journeyman from PyPI: write pip install "./journeyman[...]"'
+    )
+
+
 def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, (

@@ -36,7 +36,8 @@ def test_missing_dependency_names_the_extra_to_install() -> None:
     error = MissingDependencyError("crewai", "crewai", "CrewTracer")
     assert str(error) == (
         "CrewTracer needs the 'crewai' package, which is not installed. "
-        "Install it with: pip install 'journeyman[crewai]'"
+        "Install journeyman's 'crewai' extra: pip install \"./journeyman[crewai]\" beside your clone of "
+        'journeyman, or pip install -e ".[crewai]" inside it'
     )
     with pytest.raises(jm.JourneymanError):
         raise error

@@ -38,4 +38,4 @@ def test_a_missing_framework_names_its_extra(module: str, framework: str, extra:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert f"pip install 'journeyman[{extra}]'" in result.stdout
+    assert f'pip install "./journeyman[{extra}]"' in result.stdout

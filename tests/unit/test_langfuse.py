@@ -377,4 +377,4 @@ def test_without_the_sdk_the_error_names_the_extra() -> None:
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert "pip install 'journeyman[langfuse]'" in result.stdout
+    assert 'pip install "./journeyman[langfuse]"' in result.stdout
