@@ -60,7 +60,7 @@ class MissingDependencyError(ConfigError, ImportError):
         super().__init__(
             f"{what} needs the '{package}' package, which is not installed. "
             f"Install journeyman's '{extra}' extra: pip install \"./journeyman[{extra}]\" beside your clone "
-            f"of journeyman, or pip install -e \".[{extra}]\" inside it"
+            f'of journeyman, or pip install -e ".[{extra}]" inside it'
         )
 
 
