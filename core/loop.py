@@ -66,6 +66,7 @@ from journeyman.errors import ConfigError, JudgeError, RolloutError
 from journeyman.interrupt import Interrupt
 from journeyman.model import ServingState, TrainableModel, TrainResult, summarize
 from journeyman.store import ModelStore, atomic_write
+from journeyman.trackers import Tracker, TrackerSync, default_report_to, make_trackers
 from journeyman.trajectory import JsonScalar, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -290,6 +291,7 @@ class TrainingLoop(Generic[S]):
         summary: Summary | None = None,
         labels: Callable[[S], dict[str, JsonScalar]] | None = None,
         langfuse: Any = False,
+        report_to: Sequence[str | Tracker] | None = None,
         progress: bool = True,
         console: Any = None,
         step_lines: bool = True,
@@ -343,6 +345,11 @@ class TrainingLoop(Generic[S]):
         """Labels for each group's ``metadata`` from its scenario (beside ``split``, ``step`` and
         ``scenario_index``, which every group gets)."""
         self.langfuse = langfuse
+        self.report_to = report_to
+        """Experiment trackers that follow the run (``wandb``, ``tensorboard``, ``mlflow``: see
+        :mod:`journeyman.trackers`); None: W&B when ``WANDB_API_KEY`` is set; ``[]``: none."""
+        self.trackers: TrackerSync | None = None
+        """The trackers' sync while the loop runs (its ``failures``, ``seconds``)."""
         self.progress = progress
         self.console = console
         self.step_lines = step_lines
@@ -387,6 +394,43 @@ class TrainingLoop(Generic[S]):
     # -- the run -----------------------------------------------------------------------------------
 
     async def _run(self) -> LoopResult:
+        self.trackers = self._tracker_sync()
+        try:
+            return await self._run_tracked()
+        finally:
+            if self.trackers is not None:
+                await asyncio.to_thread(self.trackers.close)
+
+    def _tracker_sync(self) -> TrackerSync | None:
+        """The trackers ``report_to`` names, following this run's store; None for none."""
+        from journeyman.remote import RemoteBackend
+
+        names = default_report_to() if self.report_to is None else list(self.report_to)
+        if not names:
+            return None
+        if isinstance(self.model.backend, RemoteBackend):
+            if self.report_to is None:
+                return None  # W&B's key is in this environment, but this machine does not train
+            raise ConfigError(
+                f"report_to={names!r}: trackers write where training happens, and this model trains on "
+                f"{self.model.backend.url}: give `journeyman serve` the trackers there, not the loop here"
+            )
+        return TrackerSync(self.store, make_trackers(names), config=self._tracked_config())
+
+    def _tracked_config(self) -> dict[str, Any]:
+        return {
+            "project": self.model.project, "model": self.model.name, "base_model": self.model.base_model,
+            "group_size": self.group_size, "scenarios_per_step": self.scenarios_per_step,
+            "steps": self.steps, "epochs": self.epochs, "max_minutes": self.max_minutes, "seed": self.seed,
+            "max_steps_off_policy": self.max_steps_off_policy, "train": self.config.model_dump(mode="json"),
+            "judge": None if self.judge is None else {"method": self.judge.method, "reward_from": self.judge.reward_from},
+        }  # fmt: skip
+
+    async def _track(self) -> None:
+        if self.trackers is not None:
+            await asyncio.to_thread(self.trackers.sync)
+
+    async def _run_tracked(self) -> LoopResult:
         step = await self.model.get_step()
         self._last_step = _last_step(self.steps, step, os.environ.get(MAX_STEPS_ENV))
         started_step, resumed = self._start_state(step)
@@ -542,6 +586,7 @@ class TrainingLoop(Generic[S]):
                 f"failures {int(stats.get('failures', 0))}  rollouts {rollout_s:.0f} s  train {train_s:.0f} s  "
                 f"elapsed {report.elapsed_minutes:.1f} min"
             )
+        await self._track()
         if await _call(self.on_step_end, report) is True:
             self.stop()
 
@@ -755,6 +800,7 @@ class TrainingLoop(Generic[S]):
         report = EvalReport(step=step, label=label, rows=done, best_step=best)
         if self.best_metric is not None and (value := _metric(done, self.best_metric)) is not None:
             self._say(f"eval {label} at step {step}: {self.best_metric} {value:.3f} (best: step {best})")
+        await self._track()
         if await _call(self.on_eval, report) is True:
             self.stop()
 

@@ -30,7 +30,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
     FLAVOR=cpu; CONSTRAINTS=(-c requirements/constraints-cpu.txt)
 fi
-EXTRAS=langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,docs,dev
+EXTRAS=langgraph,crewai,openai-agents,pydantic-ai,langfuse,train,serve,bench,wandb,tensorboard,mlflow,docs,dev
 CHECK="import journeyman, torch, transformers"
 if [[ $UNSLOTH == 1 ]]; then
     if [[ $FLAVOR != cuda ]]; then

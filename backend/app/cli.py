@@ -25,6 +25,7 @@ from .cli_runs import (
     plot,
     promote,
     rollback,
+    track,
     trajectories_app,
 )
 from .replay_cli import replay
@@ -41,6 +42,7 @@ app.command("promote")(promote)
 app.command("rollback")(rollback)
 app.command("canary")(canary)
 app.command("replay")(replay)
+app.command("track")(track)
 
 
 @app.command("setup")
@@ -178,6 +180,13 @@ def serve(
         bool,
         typer.Option(help="Under torchrun: shard the base model's layers across the ranks (FSDP2)."),
     ] = False,
+    report_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An experiment tracker each model's run is written to as it trains here: wandb, "
+            "tensorboard or mlflow (repeatable; default: wandb when WANDB_API_KEY is set)."
+        ),
+    ] = None,
 ) -> None:
     """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
 
@@ -219,7 +228,11 @@ def serve(
         root=root, gateway_thread=False, push_to=push, merge_adapters=merge_adapters, replicas=replicas,
         inference=inference, sleep_mode=sleep_mode, train_device=train_device, **options,
     )  # fmt: skip
-    uvicorn.run(create_app(backend, token), host=host, port=port, log_level="info")
+    from journeyman.trackers import default_report_to, make_trackers
+
+    trackers = default_report_to() if report_to is None else report_to
+    make_trackers(trackers)  # an unknown name fails now, not at the first step
+    uvicorn.run(create_app(backend, token, report_to=trackers), host=host, port=port, log_level="info")
 
 
 @app.command("ui")
@@ -332,6 +345,13 @@ def demo(
     langfuse: Annotated[
         bool, typer.Option(help="Export every trajectory to Langfuse (LANGFUSE_* keys).")
     ] = False,
+    report_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An experiment tracker that follows the run: wandb, tensorboard or mlflow (repeatable; "
+            "default: wandb when WANDB_API_KEY is set)."
+        ),
+    ] = None,
     zero_shot_eval: Annotated[
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,
@@ -422,6 +442,7 @@ def demo(
         judge_method=judge_method, judge_anyway=judge_anyway, judge_reference=judge_reference,  # type: ignore[arg-type]
         judge_reward=judge_reward,  # type: ignore[arg-type]
         reward_weight=reward_weight, scale_rewards=scale_rewards, langfuse=langfuse, zero_shot_eval=zero_shot_eval,  # type: ignore[arg-type]
+        report_to=None if report_to is None else tuple(report_to),
         seed=seed, sampling_seed=sampling_seed, merge_adapters=merge_adapters, name=name, root=root, base_model=model,
         worked_share=worked_share, serving_dtype=serving_dtype, gpu_memory_utilization=gpu_memory_utilization,
         sleep_mode=sleep_mode, train_device=train_device, max_steps_off_policy=max_steps_off_policy,

@@ -78,6 +78,39 @@ def checkpoints_prune(
     typer.echo(f"deleted steps {deleted}; kept {store.checkpoint_steps()}")
 
 
+def track(
+    project: str,
+    model: str,
+    to: Annotated[
+        list[str],
+        typer.Option(
+            "--to", help="A tracker to write the run to: wandb, tensorboard or mlflow (repeatable)."
+        ),
+    ],
+    root: Root = None,
+) -> None:
+    """Write a whole stored run to experiment trackers as one new run: every history row, a sample
+    of each step's trajectories, every checkpoint and the promotions' aliases (a run resumed
+    offline, which W&B keeps as several runs, becomes one)."""
+    from journeyman.trackers import TrackerSync, make_trackers
+
+    store = ModelStore(project, model, root=root)
+    if not store.history_path.is_file():
+        raise typer.BadParameter(
+            f"no run at {store.path}: give the project and model a run stored (and --root)"
+        )
+    sync = TrackerSync(
+        store, make_trackers(to), config={"project": project, "model": model}, keep_state=False
+    )
+    with Console(stderr=True).status(f"writing {store.path} to {', '.join(to)}"):
+        sync.close()
+    for name, run_id in sync.run_ids().items():
+        failed = sync.failures[name]
+        typer.echo(f"{name}: {'FAILED, see the log above' if failed else 'run ' + str(run_id)}")
+    if any(sync.failures.values()):
+        raise typer.Exit(1)
+
+
 def plot(
     project: str,
     model: str,

@@ -300,6 +300,7 @@ class Demo:
             # steps of four questions were sometimes all products, and the next step called multiply for sums.
             shuffle=False, seed=c.seed if c.sampling_seed is None else c.sampling_seed,
             on_step_end=self._step_line, on_eval=self._evaluated, summary=summarize, langfuse=c.langfuse,
+            report_to=c.report_to,
             progress=c.progress, console=self.console, step_lines=False, interrupt=self.interrupt,
             max_steps_off_policy=c.max_steps_off_policy,
             resume_hint=f"Go on with: journeyman demo --resume {run_dir}",

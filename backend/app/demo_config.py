@@ -74,6 +74,9 @@ class DemoConfig:
     is high for most attempts, so the size of a group's spread says little."""
     langfuse: bool = False
     """Export every trajectory (rollouts, evaluations) with its scores to Langfuse ($LANGFUSE_* keys)."""
+    report_to: tuple[str, ...] | None = None
+    """Experiment trackers that follow the run (``wandb``, ``tensorboard``, ``mlflow``); None: W&B
+    when ``WANDB_API_KEY`` is set."""
     seed: int = 0
     sampling_seed: int | None = None
     """Seeds each rollout's sampling apart from ``seed`` (which keeps the questions and training):

@@ -34,7 +34,7 @@ import hmac
 import json
 import logging
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -48,6 +48,7 @@ from journeyman.config import LoRAConfig, TrainConfig
 from journeyman.errors import AdapterError, ConfigError, InvalidDataError, JourneymanError
 from journeyman.model import TrainableModel
 from journeyman.store import PROMOTION_ACTIONS, atomic_dir, validate_name
+from journeyman.trackers import TrackerSync, make_trackers
 from journeyman.trajectory import TrajectoryGroup, format_validation_error
 
 from ..local import LocalBackend
@@ -188,9 +189,12 @@ def _step(text: str) -> int:
 class _Api:
     """The model routes of the server: register, step, train, checkpoints."""
 
-    def __init__(self, backend: LocalBackend) -> None:
+    def __init__(self, backend: LocalBackend, report_to: Sequence[str] = ()) -> None:
         self.backend = backend
         self.models: dict[tuple[str, str], TrainableModel] = {}
+        self.report_to = list(report_to)
+        self.trackers: dict[tuple[str, str], TrackerSync] = {}
+        """Each model's trackers, following its store here, where it trains."""
 
     def routes(self) -> list[Route]:
         return [
@@ -258,8 +262,23 @@ class _Api:
         promote = body.get("promote", True)
         if not isinstance(promote, bool):
             raise InvalidDataError("'promote' must be true or false")
-        events = _train_events(self.backend, model, groups, config, promote)
+        events = _train_events(self.backend, model, groups, config, promote, self.track)
         return StreamingResponse(events, media_type="application/x-ndjson")
+
+    async def track(self, model: TrainableModel) -> None:
+        """Send the model's trackers what its store recorded since (failures are theirs to count)."""
+        if not self.report_to:
+            return
+        key = (model.project, model.name)
+        if key not in self.trackers:
+            config = {"project": model.project, "model": model.name, "base_model": model.base_model}
+            self.trackers[key] = TrackerSync(model.store, make_trackers(self.report_to), config=config)
+        await asyncio.to_thread(self.trackers[key].sync)
+
+    async def close_trackers(self) -> None:
+        for sync in self.trackers.values():
+            await asyncio.to_thread(sync.close)
+        self.trackers.clear()
 
     async def promoted(self, request: Request) -> Response:
         model = self.lookup(request)
@@ -280,6 +299,7 @@ class _Api:
         if not (share is None or (isinstance(share, int | float) and not isinstance(share, bool))):
             raise InvalidDataError("'share' must be a number between 0 and 1, or null")
         moved = await self.backend.promote(model, step, action=action, by=by, gate=gate, share=share)
+        await self.track(model)  # the alias moves with it
         return JSONResponse({"step": moved})
 
     async def checkpoints(self, request: Request) -> Response:
@@ -302,18 +322,27 @@ async def _not_allowed(request: Request, error: Exception) -> Response:
     return _error(405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
 
 
-def create_app(backend: LocalBackend, token: str | None = None, *, max_body: int = MAX_BODY_BYTES) -> ASGIApp:
-    """The server's ASGI app around ``backend`` (whose gateway answers under /v1)."""
+def create_app(
+    backend: LocalBackend,
+    token: str | None = None,
+    *,
+    max_body: int = MAX_BODY_BYTES,
+    report_to: Sequence[str] = (),
+) -> ASGIApp:
+    """The server's ASGI app around ``backend`` (whose gateway answers under /v1). ``report_to``:
+    experiment trackers each model's run is written to after each step it trains here."""
+    routes = _Api(backend, report_to)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            await routes.close_trackers()
             await backend.close()  # stops vLLM with the server
 
     api = Starlette(
-        routes=_Api(backend).routes(),
+        routes=routes.routes(),
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
@@ -344,8 +373,10 @@ async def _train_events(
     groups: list[TrajectoryGroup],
     config: TrainConfig,
     promote: bool,
+    track: Callable[[TrainableModel], Awaitable[None]],
 ) -> AsyncIterator[bytes]:
-    """NDJSON: a 'started' event, a 'progress' heartbeat every few seconds, then 'done' or 'error'."""
+    """NDJSON: a 'started' event, a 'progress' heartbeat every few seconds, then 'done' (once the
+    trackers have the step) or 'error'."""
     yield json.dumps({"event": "started", "groups": len(groups)}).encode() + b"\n"
     task = asyncio.create_task(backend.train(model, groups, config, promote=promote))
     while not task.done():
@@ -369,4 +400,5 @@ async def _train_events(
             + b"\n"
         )
         return
+    await track(model)
     yield json.dumps({"event": "done", "step": result.step, "metrics": result.metrics}).encode() + b"\n"
