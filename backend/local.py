@@ -520,6 +520,10 @@ class LocalBackend:
             **self._cached(judge),
         )
 
+    def metrics_url(self) -> str | None:
+        """The policy's vLLM server's Prometheus metrics (the first replica's); None before it starts."""
+        return None if self.server is None else f"{self.server.base_url}/metrics"
+
     def viewer_url(self, model: TrainableModel) -> str | None:
         """Where this backend's viewer (``viewer``) shows ``model``'s run; None without a viewer,
         before the first :meth:`register`, or for a model whose runs live under another root."""

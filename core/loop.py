@@ -415,7 +415,11 @@ class TrainingLoop(Generic[S]):
                 f"report_to={names!r}: trackers write where training happens, and this model trains on "
                 f"{self.model.backend.url}: give `journeyman serve` the trackers there, not the loop here"
             )
-        return TrackerSync(self.store, make_trackers(names), config=self._tracked_config())
+        metrics = getattr(self.model.backend, "metrics_url", None)  # the serving engine's, where known
+        return TrackerSync(
+            self.store, make_trackers(names), config=self._tracked_config(),
+            metrics_url=metrics() if callable(metrics) else None,
+        )  # fmt: skip
 
     def _tracked_config(self) -> dict[str, Any]:
         return {

@@ -24,6 +24,7 @@ EXPECTED_SKIPS: dict[str, str] = {
     r"needs a CUDA GPU": "CI's machine has no GPU",
     r"the plugin serves vLLM's CPU backend": "a CPU-only check, skipped where CUDA serves",
     r"to run against a real Langfuse": "CI holds no keys of a live Langfuse",
+    r"to run against a live W&B": "CI holds no W&B key",
 }
 """The skips CI expects, as a pattern of the skip's reason -> why CI expects it. In CI, a test
 skipped for any other reason fails: a missing browser, package or device file would otherwise go

@@ -43,6 +43,78 @@ app.command("rollback")(rollback)
 app.command("canary")(canary)
 app.command("replay")(replay)
 app.command("track")(track)
+cloud_app = typer.Typer(
+    help="journeyman serve on a cloud GPU with SkyPilot: launch it, ask how it is, tear it down.",
+    no_args_is_help=True,
+)
+app.add_typer(cloud_app, name="cloud")
+Cluster = Annotated[str, typer.Option(help="SkyPilot's name for the cluster.")]
+
+
+@cloud_app.command("up")
+def cloud_up(
+    cluster: Cluster = "journeyman",
+    base_model: Annotated[
+        str, typer.Option(help="An embedded alias or a Hugging Face name.")
+    ] = "smollm2-135m",
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="SkyPilot accelerators, e.g. H100:1 (default: the cheapest of L4, A10G, A100, H100)."
+        ),
+    ] = None,
+    trainers: Annotated[
+        int, typer.Option(help="Trainer processes (GPUs of the node) for data parallel training.")
+    ] = 1,
+    unsloth: Annotated[bool, typer.Option(help="Train with Unsloth.")] = False,
+    report_to: Annotated[
+        list[str] | None,
+        typer.Option(help="A tracker the server writes each run to (wandb, tensorboard, mlflow)."),
+    ] = None,
+    autostop: Annotated[
+        int | None, typer.Option(help="Minutes idle before SkyPilot stops the cluster.")
+    ] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option(help="The journeyman clone the node installs (default: the one running this)."),
+    ] = None,
+) -> None:
+    """Launch `journeyman serve` on a cloud GPU (the token from $JOURNEYMAN_TOKEN) and print its URL."""
+    from .cloud import CloudServe
+
+    serve = CloudServe(
+        cluster=cluster, base_model=base_model, gpus=gpus, trainers=trainers, unsloth=unsloth,
+        report_to=report_to or [], autostop=autostop, source=source,
+    )  # fmt: skip
+    typer.echo(f"launching {cluster} with SkyPilot (set-up takes 10-20 minutes the first time)...", err=True)
+    url = serve.up()
+    typer.echo(url)
+    typer.echo(
+        f"connect: jm.RemoteBackend({url!r}, token=os.environ['JOURNEYMAN_TOKEN']); "
+        f"tear it down: journeyman cloud down --cluster {cluster}",
+        err=True,
+    )
+
+
+@cloud_app.command("status")
+def cloud_status(cluster: Cluster = "journeyman") -> None:
+    """The cluster's state (UP, STOPPED, INIT, or none) and the server's URL while it is up."""
+    from .cloud import CloudServe
+
+    answer = CloudServe(cluster=cluster, source=Path.cwd()).status()
+    typer.echo(
+        f"{cluster}: {answer['status'] or 'no such cluster'}"
+        + (f" {answer['endpoint']}" if answer["endpoint"] else "")
+    )
+
+
+@cloud_app.command("down")
+def cloud_down(cluster: Cluster = "journeyman") -> None:
+    """Tear the cluster down (its disk and runs with it: export or pull what you need first)."""
+    from .cloud import CloudServe
+
+    CloudServe(cluster=cluster, source=Path.cwd()).down()
+    typer.echo(f"{cluster}: down")
 
 
 @app.command("setup")

@@ -272,7 +272,12 @@ class _Api:
         key = (model.project, model.name)
         if key not in self.trackers:
             config = {"project": model.project, "model": model.name, "base_model": model.base_model}
-            self.trackers[key] = TrackerSync(model.store, make_trackers(self.report_to), config=config)
+            self.trackers[key] = TrackerSync(
+                model.store,
+                make_trackers(self.report_to),
+                config=config,
+                metrics_url=self.backend.metrics_url(),
+            )
         await asyncio.to_thread(self.trackers[key].sync)
 
     async def close_trackers(self) -> None:

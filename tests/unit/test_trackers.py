@@ -179,8 +179,10 @@ class Flaky:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.calls = 0
+        self.run: TrackedRun | None = None
 
     def start(self, run: TrackedRun) -> str:
+        self.run = run
         return "flaky-1"
 
     def log_row(self, row: dict[str, Any]) -> None:
@@ -234,12 +236,17 @@ async def test_the_training_loop_reports_each_step_to_its_trackers(tmp_path: Pat
         state = json.loads((model.store.path / "trackers.json").read_text())
         seen.append(state["tensorboard"]["rows"] - len(model.store.read_history()))
 
+    backend.metrics_url = lambda: "http://127.0.0.1:9/metrics"  # type: ignore[attr-defined]
+    flaky = Flaky()  # a tracker object of one's own goes in report_to beside the named ones
     loop = jm.TrainingLoop(
         model, rollout, ["a", "b", "c", "d"], group_size=2, scenarios_per_step=2, steps=2,
-        progress=False, report_to=["tensorboard"], on_step_end=after_step,
+        progress=False, report_to=["tensorboard", flaky], on_step_end=after_step,
     )  # fmt: skip
     await loop.run()
-    assert loop.trackers is not None and loop.trackers.failures == {"tensorboard": 0}
+    assert flaky.run is not None and flaky.run.metrics_url == "http://127.0.0.1:9/metrics"
+    assert flaky.run.config["group_size"] == 2 and flaky.run.config["train"]["learning_rate"] > 0
+    assert loop.trackers is not None and loop.trackers.failures["flaky"] == 1  # its one failure, counted
+    assert loop.trackers.failures["tensorboard"] == 0
     assert loop.trackers.seconds["tensorboard"] > 0 and seen == [0, 0]
     events = EventAccumulator(str(model.store.path / "tensorboard"))
     events.Reload()
