@@ -8,6 +8,7 @@ TensorBoard shows as one run.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,11 @@ class TensorBoardTracker:
                 "tensorboardX", "tensorboard", "report_to=['tensorboard']"
             ) from error
         logdir = self.logdir or run.store_path / "tensorboard"
-        self._writer = SummaryWriter(logdir=str(logdir), flush_secs=10)
+        # A file of its own for each part of a run: tensorboardX names files by the second and the
+        # host, so a part resumed within the same second would overwrite the one before.
+        self._writer = SummaryWriter(
+            logdir=str(logdir), flush_secs=10, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+        )
         if run.run_id is None:
             self._writer.add_text(
                 "config", f"```json\n{json.dumps(run.config, indent=2, default=str)}\n```", 0

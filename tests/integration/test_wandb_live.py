@@ -21,7 +21,7 @@ def test_an_online_run_holds_the_history_and_the_adapters_aliases(tmp_path: Path
 
     store = made_run(tmp_path)
     store.append_promotion({"action": "rollback", "step": 2, "by": "person"})
-    project = os.environ.get("JOURNEYMAN_WANDB_TEST_PROJECT", "journeyman-tests")
+    project = "journeyman-tests"
     sync = TrackerSync(store, make_trackers(["wandb"], project=project, mode="online"))
     sync.close()
     assert sync.failures == {"wandb": 0}
