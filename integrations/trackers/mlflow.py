@@ -17,7 +17,7 @@ from typing import Any
 from journeyman.errors import MissingDependencyError
 from journeyman.trackers import TABLE_COLUMNS, TrackedRun
 
-from . import numbers_of
+from . import numbers_of, require
 
 __all__ = ["MlflowTracker", "tracker"]
 
@@ -121,4 +121,5 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def tracker(**options: Any) -> MlflowTracker:
+    require("mlflow", "mlflow-skinny", "mlflow")
     return MlflowTracker(**options)

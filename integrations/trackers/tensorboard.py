@@ -15,7 +15,7 @@ from typing import Any
 from journeyman.errors import MissingDependencyError
 from journeyman.trackers import TrackedRun
 
-from . import numbers_of
+from . import numbers_of, require
 
 __all__ = ["TensorBoardTracker", "tracker"]
 
@@ -71,4 +71,5 @@ class TensorBoardTracker:
 
 
 def tracker(**options: Any) -> TensorBoardTracker:
+    require("tensorboardX", "tensorboardX", "tensorboard")
     return TensorBoardTracker(**options)

@@ -18,7 +18,7 @@ from typing import Any
 from journeyman.errors import MissingDependencyError
 from journeyman.trackers import TABLE_COLUMNS, TrackedRun
 
-from . import numbers_of
+from . import numbers_of, require
 
 __all__ = ["WandbTracker", "tracker"]
 
@@ -95,4 +95,5 @@ class WandbTracker:
 
 
 def tracker(**options: Any) -> WandbTracker:
+    require("wandb", "wandb", "wandb")
     return WandbTracker(**options)

@@ -359,3 +359,14 @@ async def test_journeyman_serve_writes_each_models_run_where_it_trains(tmp_path:
     scalars = EventAccumulator(str(model.store.path / "tensorboard"))
     scalars.Reload()
     assert [e.step for e in scalars.Scalars("loss")] == [1, 2]
+
+
+def test_a_tracker_whose_library_is_missing_fails_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    with pytest.raises(jm.errors.MissingDependencyError, match=r"pip install \"\./journeyman\[mlflow\]\""):
+        make_trackers(["tensorboard", "mlflow"])
