@@ -207,13 +207,19 @@ def test_serve_and_demo_pass_the_gpu_options_on(monkeypatch: pytest.MonkeyPatch)
 
     made: list[dict[str, Any]] = []
     monkeypatch.setattr(local, "LocalBackend", lambda **options: made.append(options))
-    monkeypatch.setattr(server, "create_app", lambda *args: None)
+    apps: list[dict[str, Any]] = []
+    monkeypatch.setattr(server, "create_app", lambda *args, **options: apps.append(options))
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     runner = CliRunner()
     result = runner.invoke(app, ["serve", "--gpu-memory-utilization", "0.4", "--sleep-mode"])
     assert result.exit_code == 0, result.output
     assert made[0]["sleep_mode"] and made[0]["vllm"].gpu_memory_utilization == 0.4
+    assert apps[0]["report_to"] == []  # no tracker unless asked for (or W&B's key is set)
+    assert runner.invoke(app, ["serve", "--report-to", "tensorboard"]).exit_code == 0
+    assert apps[1]["report_to"] == ["tensorboard"]
+    made.pop()
     runner.invoke(app, ["serve"])
     assert not made[1]["sleep_mode"] and "vllm" not in made[1]
     assert runner.invoke(app, ["serve", "--gpu-memory-utilization", "1.5"]).exit_code == 2
