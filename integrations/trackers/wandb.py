@@ -34,9 +34,12 @@ class WandbTracker:
         mode: str | None = None,
         dir: str | Path | None = None,
         run_name: str | None = None,
+        settings: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
+        """``settings``: more ``wandb.Settings`` (``x_stats_sampling_interval``...)."""
         self.project, self.entity, self.mode, self.dir, self.run_name = project, entity, mode, dir, run_name
+        self.settings = settings or {}
         self._run: Any = None
         self._artifact = "lora"
 
@@ -50,7 +53,12 @@ class WandbTracker:
             or os.environ.get("WANDB_MODE")
             or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         )
-        settings: dict[str, Any] = {"console": "off", "silent": True, "x_save_requirements": False}
+        settings: dict[str, Any] = {
+            "console": "off",
+            "silent": True,
+            "x_save_requirements": False,
+            **self.settings,
+        }
         if run.metrics_url is not None:
             settings["x_stats_open_metrics_endpoints"] = {"vllm": run.metrics_url}
         directory = Path(self.dir) if self.dir is not None else run.store_path
