@@ -18,6 +18,7 @@ points (an extra each, imported when used).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -99,8 +100,17 @@ class Tracker(Protocol):
 
 
 def default_report_to() -> list[str]:
-    """W&B when ``WANDB_API_KEY`` is set (as OpenPipe ART does), else none."""
-    return ["wandb"] if os.environ.get("WANDB_API_KEY") else []
+    """W&B when ``WANDB_API_KEY`` is set (as OpenPipe ART does) and wandb is installed, else none
+    (a key without the library is logged once: a run is not stopped for a tracker nobody asked for)."""
+    if not os.environ.get("WANDB_API_KEY"):
+        return []
+    if importlib.util.find_spec("wandb") is None:
+        logger.warning(
+            "WANDB_API_KEY is set but wandb is not installed: this run is not logged to W&B "
+            '(pip install "./journeyman[wandb]" beside your clone of journeyman, or report_to=[] to say so)'
+        )
+        return []
+    return ["wandb"]
 
 
 def make_trackers(report_to: Iterable[str | Tracker], **options: Any) -> list[Tracker]:

@@ -261,6 +261,14 @@ async def test_trackers_refuse_a_remote_backend_and_unknown_names(
         make_trackers(["comet"])
     monkeypatch.setenv("WANDB_API_KEY", "k")
     assert default_report_to() == ["wandb"]
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    assert default_report_to() == []  # a key alone does not stop a run that did not ask for W&B
+    monkeypatch.setattr(importlib.util, "find_spec", real)
     monkeypatch.delenv("WANDB_API_KEY")
     assert default_report_to() == []
     model = jm.TrainableModel(name="remote", project="test", base_model="smollm2-135m", root=tmp_path)
