@@ -334,18 +334,21 @@ async def judge_trajectories(
                 f"criteria are asked as yes/no verdicts, and judge {judge.name!r} returns no logprobs to read "
                 "them from: put them in the rubric instead"
             )
-        try:
-            return await judge_trajectories(
-                trajectories, judge=judge, rubric=rubric, tools=tools, method=method_for(judge),
-                criteria=criteria, reference=reference,
-            )  # fmt: skip
-        except JudgeError:
-            if judge.gives_logprobs is not False or criteria is not None:
-                raise
-            logger.warning(
-                "judge %r returns no logprobs for verdicts: judging with group scores from now on", judge.name
-            )
-            method = "scores"
+        method = method_for(judge)
+        if method == "verdict":  # a judge not yet known to lack logprobs: scores only if it does
+            try:
+                return await judge_trajectories(
+                    trajectories, judge=judge, rubric=rubric, tools=tools, method="verdict",
+                    criteria=criteria, reference=reference,
+                )  # fmt: skip
+            except JudgeError:
+                if judge.gives_logprobs is not False or criteria is not None:
+                    raise
+                logger.warning(
+                    "judge %r returns no logprobs for verdicts: judging with group scores from now on",
+                    judge.name,
+                )
+                method = "scores"
     if not trajectories:
         return Judgement(scores=[], judge=judge.name, distinct=0, method=method)
     if rubric is None:

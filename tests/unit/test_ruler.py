@@ -961,3 +961,15 @@ async def test_the_old_names_warn_and_keep_their_old_defaults(script: ScriptedJu
     with pytest.warns(DeprecationWarning, match=r"ruler\.ruler is now journeyman\.judge\.score_trajectories"):
         found = await ruler(group_of_4().trajectories, judge=judge)  # from the cache
     assert [s.score for s in found] == [0.9, 0.2, 0.5, 0.1] and len(script.received) == 1
+
+
+async def test_a_judge_known_to_give_no_logprobs_is_asked_for_scores_once_per_judging(
+    script: ScriptedJudge, judge: Judge, caplog: pytest.LogCaptureFixture
+) -> None:
+    judge.gives_logprobs = False  # learned from an earlier verdict
+    script.respond = lambda request: Reply("not json at all")
+    scored = await judge_group(group_of_4(), judge=judge)
+    assert scored.metrics["judge/failed"] == 1 and all(t.reward is None for t in scored)
+    assert len(script.received) == judge.max_retries + 1  # its retries, not a second round of them
+    assert not any(r.get("logprobs") for r in script.received)
+    assert not any("returns no logprobs for verdicts" in r.message for r in caplog.records)
