@@ -17,6 +17,7 @@ from journeyman.errors import JourneymanError
 
 from ..models import EMBEDDED_MODELS, prepare_model, prepared_folder
 from .cli_runs import (
+    ReportTo,
     Root,
     canary,
     checkpoints_app,
@@ -101,7 +102,7 @@ def cloud_status(cluster: Cluster = "journeyman") -> None:
     """The cluster's state (UP, STOPPED, INIT, or none) and the server's URL while it is up."""
     from .cloud import CloudServe
 
-    answer = CloudServe(cluster=cluster, source=Path.cwd()).status()
+    answer = CloudServe(cluster=cluster).status()
     typer.echo(
         f"{cluster}: {answer['status'] or 'no such cluster'}"
         + (f" {answer['endpoint']}" if answer["endpoint"] else "")
@@ -113,7 +114,7 @@ def cloud_down(cluster: Cluster = "journeyman") -> None:
     """Tear the cluster down (its disk and runs with it: export or pull what you need first)."""
     from .cloud import CloudServe
 
-    CloudServe(cluster=cluster, source=Path.cwd()).down()
+    CloudServe(cluster=cluster).down()
     typer.echo(f"{cluster}: down")
 
 
@@ -252,13 +253,7 @@ def serve(
         bool,
         typer.Option(help="Under torchrun: shard the base model's layers across the ranks (FSDP2)."),
     ] = False,
-    report_to: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="An experiment tracker each model's run is written to as it trains here: wandb, "
-            "tensorboard or mlflow (repeatable; default: wandb when WANDB_API_KEY is set)."
-        ),
-    ] = None,
+    report_to: ReportTo = None,
 ) -> None:
     """Serve and train models over HTTP (the client is jm.RemoteBackend); the gateway is under /v1.
 
@@ -417,13 +412,7 @@ def demo(
     langfuse: Annotated[
         bool, typer.Option(help="Export every trajectory to Langfuse (LANGFUSE_* keys).")
     ] = False,
-    report_to: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="An experiment tracker that follows the run: wandb, tensorboard or mlflow (repeatable; "
-            "default: wandb when WANDB_API_KEY is set)."
-        ),
-    ] = None,
+    report_to: ReportTo = None,
     zero_shot_eval: Annotated[
         bool, typer.Option(help="Also evaluate with no worked examples in the prompt.")
     ] = True,

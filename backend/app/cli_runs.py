@@ -23,6 +23,13 @@ trajectories_app = typer.Typer(help="Stored trajectories: show them readably.", 
 judge_app = typer.Typer(help="LLM judges: calibrate one on stored groups.", no_args_is_help=True)
 
 Root = Annotated[Path | None, typer.Option(help="Store root (default: $JOURNEYMAN_ROOT or ./.journeyman).")]
+ReportTo = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="An experiment tracker that follows each run: wandb, tensorboard or mlflow (repeatable; "
+        "default: wandb when WANDB_API_KEY is set)."
+    ),
+]
 
 
 @checkpoints_app.command("list")

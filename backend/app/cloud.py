@@ -145,12 +145,13 @@ class CloudServe:
         return ["JOURNEYMAN_TOKEN", *(["WANDB_API_KEY"] if "wandb" in self.report_to else [])]
 
     def arguments(self, action: str) -> dict[str, Any]:
-        return {
-            "action": action,
+        """What the SkyPilot program is given: the cluster, and for a launch (or its plan) the task."""
+        found: dict[str, Any] = {"action": action, "cluster": self.cluster, "port": PORT}
+        if action not in ("plan", "up"):
+            return found
+        return found | {
             "recipe": str(self.recipe),
             "workdir": str(self.tree),
-            "cluster": self.cluster,
-            "port": PORT,
             "gpus": self.gpus,
             "autostop": self.autostop,
             "secrets": self.secrets(),
