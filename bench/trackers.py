@@ -5,9 +5,10 @@
 RUN_DIR is a run's folder (``ROOT/PROJECT/MODEL``, e.g. one ``journeyman demo`` wrote). Its first
 ``--steps`` steps are copied step by step into a new store, as a training run writes them (the
 step's rollout groups and rows, then its checkpoint, train row and promotion), and after each step
-every tracker is synced once, offline, and timed around its own calls (``TrackerSync.seconds``).
-Prints one row per tracker: seconds per step (median and max), the first step apart (it opens the
-run), and what a step sent.
+every tracker is synced once, offline, and timed around its own calls (``TrackerSync.seconds``),
+and the sync as a whole (the store read once for all of them, then every tracker). Prints one row
+per tracker and one for the whole sync: seconds per step (median and max), the first step apart
+(it opens the runs), and what a step sent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from journeyman.store import ModelStore
@@ -59,11 +61,13 @@ def main(argv: list[str] | None = None) -> None:
             with target.write_checkpoint(0) as folder:
                 shutil.copytree(source.checkpoint_path(0), folder, dirs_exist_ok=True)
         sync = TrackerSync(target, make_trackers(args.trackers), config={"bench": "trackers"})
-        per_step: dict[str, list[float]] = {name: [] for name in args.trackers}
+        per_step: dict[str, list[float]] = {name: [] for name in [*args.trackers, "whole sync"]}
         for step in range(args.steps):
             replay_step(source, target, step)
             before = dict(sync.seconds)
+            started = time.perf_counter()
             sync.sync()
+            per_step["whole sync"].append(time.perf_counter() - started)
             for name in args.trackers:
                 per_step[name].append(sync.seconds[name] - before[name])
         sync.close()
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             later = seconds[1:] or seconds
             print(
                 f"| {name} | {seconds[0]:.2f} | {statistics.median(later):.3f} | {max(later):.3f} | "
-                f"{sync.failures[name]} |"
+                f"{sync.failures.get(name, 0)} |"
             )
         print(json.dumps({name: [round(s, 4) for s in seconds] for name, seconds in per_step.items()}))
 

@@ -197,7 +197,7 @@ class TrackerSync:
         self.failures: dict[str, int] = {t.name: 0 for t in self.trackers}
         """Syncs each tracker failed (each retried at the next)."""
         self.seconds: dict[str, float] = {t.name: 0.0 for t in self.trackers}
-        """Seconds spent in each tracker's calls (reading the store included)."""
+        """Seconds spent in each tracker's calls (the store is read once a sync, outside them)."""
         self.keep_state = keep_state
         self._started: set[str] = set()
         self._progress = self._read_state() if keep_state else {}
@@ -220,11 +220,12 @@ class TrackerSync:
 
     def sync(self) -> None:
         """Send every tracker what is new; a failing tracker is counted and left for the next sync."""
+        recorded = _Recorded(self.store, self.table_size)  # read once for every tracker
         for tracker in self.trackers:
             progress = self._progress.setdefault(tracker.name, _Progress())
             start = time.perf_counter()
             try:
-                self._sync(tracker, progress)
+                self._sync(tracker, progress, recorded)
             except Exception as error:  # a tracker's own errors have no common type
                 self.failures[tracker.name] += 1
                 level = logging.WARNING if self.failures[tracker.name] == 1 else logging.DEBUG
@@ -256,7 +257,7 @@ class TrackerSync:
                     )
         self._started.clear()
 
-    def _sync(self, tracker: Tracker, progress: _Progress) -> None:
+    def _sync(self, tracker: Tracker, progress: _Progress, recorded: _Recorded) -> None:
         if tracker.name not in self._started:
             run = TrackedRun(
                 project=self.store.project, model=self.store.model, store_path=self.store.path,
@@ -264,24 +265,23 @@ class TrackerSync:
             )  # fmt: skip
             progress.run_id = tracker.start(run)
             self._started.add(tracker.name)
-        promotions = self.store.read_promotions()
-        for row in self.store.read_history()[progress.rows :]:
-            tracker.log_row({**row, "training_step": row["step"], "served": self._served(row, promotions)})
+        for row in recorded.rows[progress.rows :]:
+            tracker.log_row(
+                {**row, "training_step": row["step"], "served": self._served(row, recorded.promotions)}
+            )
             progress.rows += 1
-        for split in self.store.splits():
-            for step in self.store.steps(split):
-                key = f"{split}/{step}"
-                if key not in progress.tables:
-                    groups = self.store.load_groups(split, step)
-                    tracker.log_table(split, step, trajectory_table(groups, split, step, self.table_size))
-                    progress.tables.append(key)
-        steps = self.store.checkpoint_steps()
+        for split, step in recorded.tables:
+            key = f"{split}/{step}"
+            if key not in progress.tables:
+                tracker.log_table(split, step, recorded.table(split, step))
+                progress.tables.append(key)
+        steps = recorded.checkpoints
         for step in steps:
             if step not in progress.checkpoints:
                 aliases = [f"step{step}", *(["latest"] if step == steps[-1] else [])]
                 tracker.log_checkpoint(step, self.store.checkpoint_path(step), aliases)
                 progress.checkpoints.append(step)
-        for row in promotions[progress.promotions :]:
+        for row in recorded.promotions[progress.promotions :]:
             alias = _alias(row)
             path = self.store.checkpoint_path(row["step"])
             if alias is not None and path.is_dir():
@@ -297,6 +297,25 @@ class TrackerSync:
         ]
         step = moved[-1]["step"] if moved else row["step"]
         return f"{self.store.model}@{step}"
+
+
+class _Recorded:
+    """What the store holds at one sync, read once for all the trackers; each step's table is
+    made from its groups the first time a tracker needs it."""
+
+    def __init__(self, store: ModelStore, table_size: int) -> None:
+        self.store, self.table_size = store, table_size
+        self.rows = store.read_history()
+        self.promotions = store.read_promotions()
+        self.tables = [(split, step) for split in store.splits() for step in store.steps(split)]
+        self.checkpoints = store.checkpoint_steps()
+        self._made: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    def table(self, split: str, step: int) -> list[dict[str, Any]]:
+        if (split, step) not in self._made:
+            groups = self.store.load_groups(split, step)
+            self._made[split, step] = trajectory_table(groups, split, step, self.table_size)
+        return self._made[split, step]
 
 
 def _alias(promotion: dict[str, Any]) -> str | None:
