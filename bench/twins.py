@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -25,11 +26,38 @@ def _rollouts(group: jm.TrajectoryGroup) -> Counter[tuple[tuple[int, ...], ...]]
     return Counter(tuple(tuple(turn.completion_token_ids) for turn in t.model_turns) for t in group)
 
 
-def compare(first: Path, second: Path) -> list[dict[str, int | bool]]:
-    """Per trained step: rollouts, how many of them both runs sampled, and whether the
-    checkpoint the step saved (``checkpoints/<step + 1>``) is byte for byte the same."""
+def _rewarded(group: jm.TrajectoryGroup) -> Counter[tuple[object, ...]]:
+    """Each rollout's tokens with its reward: two groups rewarded alike give the same multiset."""
+    return Counter(
+        (tuple(tuple(turn.completion_token_ids) for turn in t.model_turns), t.reward) for t in group
+    )
+
+
+def _largest_difference(first: bytes, second: bytes) -> float:
+    """The largest absolute difference between two adapters' weights (inf when they cannot be
+    compared: not safetensors, or other tensors)."""
+    if first == second:
+        return 0.0
+    try:
+        from safetensors.numpy import load
+
+        a, b = load(first), load(second)
+    except Exception:
+        return math.inf
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        return math.inf
+    return max(
+        (float(abs(a[k].astype("float64") - b[k].astype("float64")).max()) for k in a if a[k].size),
+        default=0.0,
+    )
+
+
+def compare(first: Path, second: Path) -> list[dict[str, int | bool | float]]:
+    """Per trained step: rollouts, how many of them both runs sampled, whether each group was
+    rewarded alike, whether the checkpoint the step saved (``checkpoints/<step + 1>``) is byte for
+    byte the same, and the largest difference between its weights."""
     runs = [ModelStore.from_path(path) for path in (first, second)]
-    rows: list[dict[str, int | bool]] = []
+    rows: list[dict[str, int | bool | float]] = []
     for step in itertools.count():
         if not all((run.path / "checkpoints" / f"{step + 1:04d}").is_dir() for run in runs):
             return rows
@@ -41,21 +69,29 @@ def compare(first: Path, second: Path) -> list[dict[str, int | bool]]:
                 "step": step,
                 "rollouts": sum(len(g) for g in a),
                 "shared": shared,
+                "same_rewards": all(_rewarded(x) == _rewarded(y) for x, y in zip(a, b, strict=True)),
                 "same_adapter": adapters[0] == adapters[1],
+                "weight_difference": _largest_difference(*adapters),
             }
         )
 
 
-def table(rows: list[dict[str, int | bool]]) -> str:
-    lines = ["| steps | rollouts | shared token for token | adapters the same bytes |", "|---|---|---|---|"]
-    for (_all_shared, equal), stretch in itertools.groupby(
-        rows, key=lambda r: (r["shared"] == r["rollouts"], r["same_adapter"])
+def table(rows: list[dict[str, int | bool | float]]) -> str:
+    lines = [
+        "| steps | rollouts | shared token for token | rewarded alike | adapters the same bytes | "
+        "largest weight difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (_all_shared, rewarded, equal), stretch in itertools.groupby(
+        rows, key=lambda r: (r["shared"] == r["rollouts"], r.get("same_rewards", True), r["same_adapter"])
     ):
         part = list(stretch)
         rollouts, shared = sum(int(r["rollouts"]) for r in part), sum(int(r["shared"]) for r in part)
         steps = f"{part[0]['step'] + 1}-{part[-1]['step'] + 1}" if len(part) > 1 else f"{part[0]['step'] + 1}"
+        largest = max(float(r.get("weight_difference", 0.0)) for r in part)
         lines.append(
-            f"| {steps} | {rollouts} | {shared} ({shared / max(rollouts, 1):.0%}) | {'yes' if equal else 'no'} |"
+            f"| {steps} | {rollouts} | {shared} ({shared / max(rollouts, 1):.0%}) | "
+            f"{'yes' if rewarded else 'no'} | {'yes' if equal else 'no'} | {largest:.3g} |"
         )
     parted = next((r["step"] for r in rows if r["shared"] != r["rollouts"] or not r["same_adapter"]), None)
     total, shared = sum(int(r["rollouts"]) for r in rows), sum(int(r["shared"]) for r in rows)

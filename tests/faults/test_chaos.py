@@ -94,5 +94,9 @@ def test_a_users_training_loop_survives_one_fault_of_each_kind(tmp_path: Path) -
     assert twin.check_ok, twin.check_output
     steps = compare(tmp_path / "twin" / "examples" / "chaos", store.path)
     assert len(steps) == STEPS, twins_table(steps)
-    assert all(s["shared"] == s["rollouts"] and s["same_adapter"] for s in steps), twins_table(steps)
+    assert all(s["shared"] == s["rollouts"] and s["same_rewards"] for s in steps), twins_table(steps)
+    # The same data and rewards trained from the same adapter: the same bytes, or at most float
+    # sums apart (CI once saw the bytes part at the step whose judge was killed, every rollout the
+    # same). Other data, rewards or optimizer state move a weight by about the learning rate, 2e-4.
+    assert all(s["weight_difference"] <= 1e-6 for s in steps), twins_table(steps)
     assert twin.report["after"] == chaos.report["after"]  # the same held-out answers after the last step

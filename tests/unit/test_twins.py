@@ -4,8 +4,10 @@ bench.chaos_pair, which draws a chaos run beside its twin."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import journeyman as jm
@@ -46,14 +48,30 @@ def test_runs_that_sample_alike_in_any_order_are_one_run_until_they_part(tmp_pat
     # the same completions in another order, then one rollout apart and another adapter
     second = _run(tmp_path, "b", [[[6], [5]], [[7], [8]], [[9], [11]]], [b"w1", b"w2", b"w3'"])
     rows = compare(first, second)
-    assert [(r["shared"], r["rollouts"], r["same_adapter"]) for r in rows] == [
-        (2, 2, True),
-        (2, 2, True),
-        (1, 2, False),
+    assert [(r["shared"], r["rollouts"], r["same_rewards"], r["same_adapter"]) for r in rows] == [
+        (2, 2, True, True),
+        (2, 2, True, True),
+        (1, 2, False, False),
     ]
+    assert [r["weight_difference"] for r in rows] == [0.0, 0.0, math.inf]  # not safetensors: no comparing
     text = table(rows)
-    assert "| 1-2 | 4 | 4 (100%) | yes |" in text and "| 3 | 2 | 1 (50%) | no |" in text
+    assert "| 1-2 | 4 | 4 (100%) | yes | yes | 0 |" in text and "| 3 | 2 | 1 (50%) | no | no | inf |" in text
     assert text.endswith("3 steps, 5/6 rollouts shared; the runs part at step 3")
+
+
+def test_adapters_apart_by_float_sums_are_told_from_other_training(tmp_path: Path) -> None:
+    from safetensors.numpy import save
+
+    weights = np.array([[0.5, -0.25], [1e-3, 2.0]], dtype=np.float32)
+    nudged = weights.copy()
+    nudged[1, 0] = np.nextafter(nudged[1, 0], np.float32(1))  # the last bit of one weight
+    first = _run(tmp_path, "a", [[[5]]], [save({"lora_A": weights})])
+    second = _run(tmp_path, "b", [[[5]]], [save({"lora_A": nudged})])
+    (row,) = compare(first, second)
+    assert not row["same_adapter"] and 0 < row["weight_difference"] < 1e-9
+    assert row["same_rewards"]
+    third = _run(tmp_path, "c", [[[5]]], [save({"lora_A": weights + 2e-4})])
+    assert compare(first, third)[0]["weight_difference"] == pytest.approx(2e-4, rel=1e-3)
 
 
 def test_the_comparison_ends_where_either_run_has_no_checkpoint(tmp_path: Path) -> None:
