@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from journeyman.config import TrainConfig
+from journeyman.config import SFTConfig, TrainConfig
 from journeyman.errors import BackendError, ConfigError
 from journeyman.judge import Judge
 from journeyman.model import Registration, ServingState, TrainableModel, TrainResult
 from journeyman.store import ModelStore, check_writable, default_root
-from journeyman.trajectory import TrajectoryGroup
+from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 from .models import fetch_hub_model, resolve_base_model
 from .serving.adapters import AdapterPush
@@ -49,6 +49,7 @@ from .serving.router import Router
 from .serving.vllm import VLLMConfig, VLLMServer, cuda_available
 from .serving.vllm_config import core_list
 from .training.device import parse_train_device
+from .training.sft import SFTProgress
 from .training.trainer import Trainer
 
 __all__ = ["LocalBackend"]
@@ -589,6 +590,38 @@ class LocalBackend:
             )
         return TrainResult(result.step, {**result.metrics, **self._sleep_times})
 
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Sequence[Trajectory],
+        config: SFTConfig,
+        *,
+        evaluation: Sequence[Trajectory] | None = None,
+        promote: bool = True,
+        progress: SFTProgress | None = None,
+    ) -> TrainResult:
+        """A supervised run on ``model``'s adapter as its next step, deployed like an RL step
+        (:meth:`Trainer.train_sft`); ``progress`` hears of each batch."""
+        trainer = self._trainer(model)
+        if not promote and self.router is None:
+            raise ConfigError("promote=False needs this backend to serve the model (inference=True)")
+        if not promote and model.store.follows_training():
+            row = {"action": "promote", "step": trainer.step, "by": "train", "pinned": True}
+            await asyncio.to_thread(model.store.append_promotion, row)
+        self._promote[model.name] = promote
+        self._sleep_times = {}
+        await self._sleep()
+        try:
+            result = await trainer.train_sft(trajectories, config, evaluation, progress or _log_batches)
+        finally:
+            self._promote[model.name] = True
+            await self._wake()
+        if promote and self.router is not None:
+            await asyncio.to_thread(
+                model.store.append_promotion, {"action": "promote", "step": result.step, "by": "train"}
+            )
+        return TrainResult(result.step, {**result.metrics, **self._sleep_times})
+
     async def promote(
         self,
         model: TrainableModel,
@@ -727,3 +760,9 @@ def previous_promotion(rows: list[dict[str, Any]], current: int) -> int:
     if not stack:
         raise ConfigError(f"no step was promoted before step {current}; name the step to roll back to")
     return stack[-1]
+
+
+def _log_batches(row: dict[str, Any], total: int) -> None:
+    """A supervised run's progress, a line a batch."""
+    validation = f", validation loss {row['sft/val_loss']:.4f}" if "sft/val_loss" in row else ""
+    logger.info("sft batch %d/%d: loss %.4f%s", row["sft/batch"], total, row["sft/loss"], validation)

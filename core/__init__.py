@@ -15,7 +15,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from journeyman._deprecated import warn
-from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.data import iterate_dataset
 from journeyman.errors import ConfigError, JourneymanError
 from journeyman.gather import gather_trajectory_groups
@@ -40,6 +40,7 @@ __all__ = [
     "LoopResult",
     "Model",
     "RemoteBackend",
+    "SFTConfig",
     "TrainConfig",
     "TrainableModel",
     "TrainingLoop",

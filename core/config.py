@@ -21,10 +21,14 @@ __all__ = [
     "LossType",
     "LossVariant",
     "Objective",
+    "SFTConfig",
     "Scale",
+    "Schedule",
     "TrainConfig",
 ]
 
+Schedule = Literal["constant", "linear", "cosine"]
+"""How a supervised run's learning rate moves over its batches, after any warm-up."""
 LossType = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"]
 Objective = Literal["ppo", "gspo", "cispo"]
 Aggregation = Literal["sequence_mean", "token_mean", "constant"]
@@ -153,3 +157,47 @@ class LoRAConfig(BaseModel):
             "up_proj",
             "down_proj",
         )
+
+
+class SFTConfig(BaseModel):
+    """A supervised run's settings (``model.train_sft(trajectories, config=...)``): cross-entropy on
+    the model turns' tokens, in batches of conversations, over epochs, as one checkpoint step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: float = Field(1e-4, gt=0)
+    """AdamW's peak learning rate for the LoRA parameters."""
+    epochs: int = Field(1, gt=0)
+    """Passes over the training conversations."""
+    batch_size: int = Field(8, gt=0)
+    """Conversations per optimizer step."""
+    schedule: Schedule = "cosine"
+    """After warm-up, the learning rate stays (constant) or falls to 0 by the last batch (linear, cosine)."""
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    """Share of the batches over which the learning rate rises linearly from 0 to its peak."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the gradient norm; None disables clipping."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW's decoupled weight decay on the adapter's weights."""
+    max_seq_len: int = Field(4096, gt=0)
+    """Longest conversation, in tokens (also bounded by the model's context)."""
+    overlong: Literal["error", "truncate", "exclude"] = "error"
+    """A longer conversation stops the run with an error naming it (nothing is trained), is cut to
+    max_seq_len (tokens past it are not trained), or is left out; cut or left out, it is counted."""
+    micro_batch_tokens: int = Field(4096, gt=0)
+    """Padded tokens per forward/backward pass; a batch's conversations are packed up to this budget."""
+    logprob_chunk: int = Field(512, gt=0)
+    """Trained positions whose vocabulary logits are computed at once (bounds logit memory)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    eval_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of the conversations held out (drawn with ``seed``) for the validation loss, when no
+    evaluation conversations are given."""
+    eval_every: int | None = Field(None, gt=0)
+    """Batches between validation losses; None: at the end of each epoch."""
+    early_stopping_patience: int | None = Field(None, gt=0)
+    """Stop after this many validation losses in a row that do not beat the best; None: never."""
+    keep_best: bool = True
+    """With a validation loss: the checkpoint holds the weights of the batch with the lowest one."""
+    seed: int = 0
+    """Seeds the order of the conversations, the held-out draw and the adapter's initial weights."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from journeyman import plugins
-from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.errors import ConfigError
 from journeyman.store import ModelStore, validate_name
 from journeyman.trajectory import Trajectory, TrajectoryGroup
@@ -81,6 +81,16 @@ class Backend(Protocol):
         groups: Sequence[TrajectoryGroup],
         config: TrainConfig,
         *,
+        promote: bool = True,
+    ) -> TrainResult: ...
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Sequence[Trajectory],
+        config: SFTConfig,
+        *,
+        evaluation: Sequence[Trajectory] | None = None,
         promote: bool = True,
     ) -> TrainResult: ...
 
@@ -272,6 +282,37 @@ class TrainableModel(Model):
         if promote:  # a backend written before gated promotion takes no such argument
             return await self.backend.train(self, groups, config or TrainConfig())
         return await self.backend.train(self, groups, config or TrainConfig(), promote=False)
+
+    async def train_sft(
+        self,
+        trajectories: Sequence[Trajectory],
+        config: SFTConfig | None = None,
+        *,
+        evaluation: Sequence[Trajectory] | None = None,
+        promote: bool = True,
+    ) -> TrainResult:
+        """A supervised run on the adapter: cross-entropy on the trajectories' model turns (each
+        other token is context), in batches over epochs (:class:`~journeyman.SFTConfig`), saved as
+        the next step and served like an RL step; an RL step after it starts from this adapter.
+
+        ``trajectories``: the best of a run's groups, a JSONL in OpenAI's fine-tuning format, a
+        teacher's rollouts (:mod:`journeyman.sft` says where each comes from). ``evaluation``:
+        conversations for the validation loss and early stopping (default: drawn by
+        ``config.eval_fraction``). The history gets a row per batch (split ``sft_batch``) and the
+        step's row (split ``sft``), which is the result's ``metrics``. Data that cannot be trained
+        raises :class:`~journeyman.errors.InvalidDataError` naming each conversation and what is
+        wrong, before anything trains; a run that fails deploys nothing.
+        """
+        from journeyman.sft import check_conversations
+
+        trajectories = list(trajectories)
+        check_conversations(trajectories)
+        if evaluation is not None:
+            evaluation = list(evaluation)
+            check_conversations(evaluation, "the evaluation conversations")
+        return await self.backend.train_sft(
+            self, trajectories, config or SFTConfig(), evaluation=evaluation, promote=promote
+        )
 
     async def promote(self, step: int, *, by: str | None = None, gate: dict[str, Any] | None = None) -> None:
         """Point the plain name at ``step`` (any checkpointed step; requests already running finish on

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from journeyman.config import TrainConfig
-from journeyman.errors import BackendError, ConfigError
+from journeyman.config import SFTConfig, TrainConfig
+from journeyman.errors import BackendError, ConfigError, InvalidDataError, JourneymanError
 from journeyman.model import Registration, ServingState, TrainResult
-from journeyman.trajectory import TrajectoryGroup
+from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from journeyman.model import TrainableModel
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RemoteBackend"]
 
@@ -87,7 +90,29 @@ class RemoteBackend:
             + f', "promote": {json.dumps(promote)}'
             + "}"
         )
-        path = f"/api/models/{model.project}/{model.name}/train"
+        return await self._training(f"/api/models/{model.project}/{model.name}/train", body)
+
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        trajectories: Sequence[Trajectory],
+        config: SFTConfig,
+        *,
+        evaluation: Sequence[Trajectory] | None = None,
+        promote: bool = True,
+    ) -> TrainResult:
+        def listed(items: Sequence[Trajectory]) -> str:
+            return "[" + ", ".join(t.model_dump_json() for t in items) + "]"
+
+        body = (
+            f'{{"trajectories": {listed(trajectories)}, '
+            f'"evaluation": {"null" if evaluation is None else listed(evaluation)}, '
+            f'"config": {config.model_dump_json()}, "promote": {json.dumps(promote)}}}'
+        )
+        return await self._training(f"/api/models/{model.project}/{model.name}/sft", body)
+
+    async def _training(self, path: str, body: str) -> TrainResult:
+        """POST a training request and follow its NDJSON events to the result."""
         try:
             async with self._http.stream(
                 "POST", path, content=body, headers={"content-type": "application/json"}
@@ -101,8 +126,15 @@ class RemoteBackend:
                     event = json.loads(line)
                     if event["event"] == "done":
                         return TrainResult(step=event["step"], metrics=event["metrics"])
+                    if event["event"] == "batch":  # a supervised run's progress, as the server logs it
+                        logger.info(
+                            "sft batch %d/%d: loss %.4f",
+                            event["sft/batch"],
+                            event["total"],
+                            event["sft/loss"],
+                        )
                     if event["event"] == "error":
-                        raise BackendError(f"training failed on the server: {event['message']}")
+                        raise _training_error(event)
         except httpx.HTTPError as error:
             raise BackendError(f"the connection to {self.url} broke during training: {error!r}") from error
         raise BackendError("the server closed the training stream without a result; check its log")
@@ -192,3 +224,10 @@ def _raise_for(response: httpx.Response) -> None:
         message = response.text[:500]
     error = ConfigError if response.status_code in (400, 401, 404, 413, 422) else BackendError
     raise error(f"journeyman serve answered {response.status_code}: {message}")
+
+
+def _training_error(event: dict[str, Any]) -> JourneymanError:
+    """The error a training stream ended with: bad data as the client's own InvalidDataError."""
+    if event.get("type") == "InvalidDataError":
+        return InvalidDataError(f"the server refused the data: {event['message']}")
+    return BackendError(f"training failed on the server: {event['message']}")

@@ -6,7 +6,7 @@
   The tree is made in place, link by link, so two builds running at once do not break each other.
 - ``on_page_markdown`` replaces a marker ``<!-- generated: NAME -->`` with the markdown that
   :data:`GENERATORS` makes from the code: ``cli`` (every ``journeyman`` command and option, from the
-  Typer app), ``config`` (the fields of TrainConfig, LoRAConfig, EvalSet, JudgeReward),
+  Typer app), ``config`` (the fields of TrainConfig, LoRAConfig, SFTConfig, EvalSet, JudgeReward),
   ``errors`` (the error tree of ``journeyman.errors``) and ``gpu-fit`` (what fits on which GPU,
   from the memory plan). An unknown marker fails the build.
 - :class:`RstMarkup` is a griffe extension (mkdocs.yml names it) that turns the reStructuredText
@@ -40,6 +40,7 @@ MARKER = re.compile(r"^<!-- generated: (?P<name>[a-z_-]+) -->$", re.MULTILINE)
 CONFIG_CLASSES = (
     "journeyman.config:TrainConfig",
     "journeyman.config:LoRAConfig",
+    "journeyman.config:SFTConfig",
     "journeyman.loop:EvalSet",
     "journeyman.loop:JudgeReward",
 )

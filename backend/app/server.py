@@ -6,6 +6,8 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     POST   /api/models                                   register {name, project, base_model, lora}
     GET    /api/models/{project}/{name}/step
     POST   /api/models/{project}/{name}/train            {groups, config, promote} -> NDJSON progress events
+    POST   /api/models/{project}/{name}/sft              {trajectories, evaluation, config, promote} -> NDJSON
+                                                         progress events (a 'batch' event per batch)
     GET    /api/models/{project}/{name}/promoted         the step the plain name serves
     POST   /api/models/{project}/{name}/promoted         {step, action, by, gate, share}: promote, roll back,
                                                          hold, canary
@@ -44,12 +46,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.errors import AdapterError, ConfigError, InvalidDataError, JourneymanError
-from journeyman.model import TrainableModel
+from journeyman.model import TrainableModel, TrainResult
+from journeyman.sft import check_conversations
 from journeyman.store import PROMOTION_ACTIONS, atomic_dir, validate_name
 from journeyman.trackers import TrackerSync, make_trackers
-from journeyman.trajectory import TrajectoryGroup, format_validation_error
+from journeyman.trajectory import Trajectory, TrajectoryGroup, format_validation_error
 
 from ..local import LocalBackend
 from ..serving.adapters import unpack_adapter
@@ -202,6 +205,7 @@ class _Api:
             Route("/api/models", _json_body(self.register), methods=["POST"]),
             Route("/api/models/{project}/{name}/step", self.step, methods=["GET"]),
             Route("/api/models/{project}/{name}/train", _json_body(self.train), methods=["POST"]),
+            Route("/api/models/{project}/{name}/sft", _json_body(self.sft), methods=["POST"]),
             Route("/api/models/{project}/{name}/checkpoints", self.checkpoints, methods=["GET", "DELETE"]),
             Route("/api/models/{project}/{name}/promoted", self.promoted, methods=["GET"]),
             Route("/api/models/{project}/{name}/promoted", _json_body(self.promote), methods=["POST"]),
@@ -262,8 +266,38 @@ class _Api:
         promote = body.get("promote", True)
         if not isinstance(promote, bool):
             raise InvalidDataError("'promote' must be true or false")
-        events = _train_events(self.backend, model, groups, config, promote, self.track)
+        started = {"event": "started", "groups": len(groups)}
+        training = self.backend.train(model, groups, config, promote=promote)
+        events = _train_events(model, started, training, self.track)
         return StreamingResponse(events, media_type="application/x-ndjson")
+
+    async def sft(self, request: Request, body: dict[str, Any]) -> Response:
+        """A supervised run; its batches are streamed as 'batch' events."""
+        model = self.model_of(request)
+        trajectories = _trajectories(body.get("trajectories"), "trajectories")
+        evaluation = body.get("evaluation")
+        held = None if evaluation is None else _trajectories(evaluation, "evaluation")
+        check_conversations(trajectories)
+        if held is not None:
+            check_conversations(held, "the evaluation conversations")
+        config = SFTConfig.model_validate(body.get("config") or {})
+        promote = body.get("promote", True)
+        if not isinstance(promote, bool):
+            raise InvalidDataError("'promote' must be true or false")
+        batches: asyncio.Queue[bytes] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def progress(row: dict[str, Any], total: int) -> None:  # on the trainer's thread
+            event = json.dumps({"event": "batch", "total": total, **row}).encode() + b"\n"
+            loop.call_soon_threadsafe(batches.put_nowait, event)
+
+        started = {"event": "started", "conversations": len(trajectories)}
+        training = self.backend.train_sft(
+            model, trajectories, config, evaluation=held, promote=promote, progress=progress
+        )
+        return StreamingResponse(
+            _train_events(model, started, training, self.track, batches), media_type="application/x-ndjson"
+        )
 
     async def track(self, model: TrainableModel) -> None:
         """Send the model's trackers what its store recorded since (failures are theirs to count)."""
@@ -372,22 +406,35 @@ def create_app(
     return _Guard(dispatch, token, max_body)
 
 
+def _trajectories(value: Any, field: str) -> list[Trajectory]:
+    if not isinstance(value, list) or not value:
+        raise InvalidDataError(f"'{field}' must be a non-empty list of trajectories")
+    return [Trajectory.model_validate(item) for item in value]
+
+
 async def _train_events(
-    backend: LocalBackend,
     model: TrainableModel,
-    groups: list[TrajectoryGroup],
-    config: TrainConfig,
-    promote: bool,
+    started: dict[str, Any],
+    training: Awaitable[TrainResult],
     track: Callable[[TrainableModel], Awaitable[None]],
+    events: asyncio.Queue[bytes] | None = None,
 ) -> AsyncIterator[bytes]:
-    """NDJSON: a 'started' event, a 'progress' heartbeat every few seconds, then 'done' (once the
-    trackers have the step) or 'error'."""
-    yield json.dumps({"event": "started", "groups": len(groups)}).encode() + b"\n"
-    task = asyncio.create_task(backend.train(model, groups, config, promote=promote))
+    """NDJSON: a 'started' event, then what ``events`` receives meanwhile, or a 'progress'
+    heartbeat every few seconds, then 'done' (once the trackers have the step) or 'error'."""
+    yield json.dumps(started).encode() + b"\n"
+    task = asyncio.ensure_future(training)
+    events = events if events is not None else asyncio.Queue()
     while not task.done():
-        await asyncio.wait({task}, timeout=5.0)
+        getting = asyncio.ensure_future(events.get())
+        finished, _ = await asyncio.wait({task, getting}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+        if getting in finished:
+            yield getting.result()
+            continue
+        getting.cancel()
         if not task.done():
             yield b'{"event": "progress"}\n'
+    while not events.empty():
+        yield events.get_nowait()
     try:
         result = task.result()
     except JourneymanError as error:

@@ -8,7 +8,11 @@ parser re-renders about 1 turn in 25 differently from what was sampled) a new se
 counted as ``data/prefix_breaks``.
 
 A model turn without recorded tokens (captured from an external API) is tokenised with the chat
-template, counted as ``data/retokenized_turns``; its tokens have no sampling logprob.
+template, counted as ``data/retokenized_turns``; its tokens have no sampling logprob. A turn with
+its sampled tokens but no prompt tokens (put under another prompt, ``journeyman.sft.with_context``)
+keeps its sampled tokens after a prompt rendered with the template, counted as
+``data/recontextualized_turns``, and as ``data/drifted_turns`` where the template renders its text
+as other tokens.
 
 Sequences longer than ``max_seq_len`` are truncated (``overlong="truncate"``: tokens past the
 limit are not trained) or left out (``"exclude"``), counted either way; a sequence left with no
@@ -153,7 +157,14 @@ def history_sequences(
                 )
             prompt, completion = _retokenize(tokenizer, history, index, item)
             logprobs = [math.nan] * len(completion)
-            counts["data/retokenized_turns"] += 1
+            if item.completion_token_ids is not None:  # sampled under another prompt: its own tokens
+                if list(item.completion_token_ids) != completion:
+                    counts["data/drifted_turns"] += 1
+                completion = list(item.completion_token_ids)
+                logprobs = [math.nan] * len(completion)  # sampled under the other prompt: no ratio
+                counts["data/recontextualized_turns"] += 1
+            else:
+                counts["data/retokenized_turns"] += 1
         if not completion:
             counts["data/empty_completions"] += 1
         if current is not None and prompt[: len(current.tokens)] == current.tokens:

@@ -162,6 +162,8 @@ def shard(sequences: Sequence[TrainSequence], rank: int, size: int) -> list[Trai
 class DataParallelTrainer(Trainer):
     """A :class:`Trainer` whose steps are split across the ranks of the process group."""
 
+    supports_sft = False
+
     def __init__(self, *args: Any, fsdp: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         spec = "cuda" if self.train_device.startswith("cuda") else self.train_device

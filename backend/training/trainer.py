@@ -25,16 +25,18 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from journeyman.config import LoRAConfig, TrainConfig
+from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
+from journeyman.sft import check_conversations, split_eval
 from journeyman.store import ModelStore
-from journeyman.trajectory import TrajectoryGroup
+from journeyman.trajectory import Trajectory, TrajectoryGroup
 
 from ..models import resolve_base_model
 from .batch import Row, TrainSequence, build_batch, pack
@@ -43,6 +45,7 @@ from .loss import LOSSES, policy_loss
 from .loss import advantages as group_advantages
 from .memory import release_memory
 from .metrics import StepTotals, data_metrics, zero_variance_groups
+from .sft import SFTProgress, run_sft, sft_conversations
 
 try:
     import torch
@@ -90,6 +93,9 @@ class StepResult:
 class Trainer:
     """Holds the model with its LoRA adapter and optimizer for one trainable model."""
 
+    supports_sft = True
+    """Supervised runs (:meth:`train_sft`) train in this one process."""
+
     def __init__(
         self,
         base_model: str | Path,
@@ -130,6 +136,7 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self._learning_rate: float | None = None
         self._config: TrainConfig | None = None  # the last step's, recorded in its checkpoint
+        self._checkpoint_split = "train"  # the history split of the step a checkpoint saves
         self._worker: ThreadPoolExecutor | None = None
         """The one thread async steps run on (see :func:`release_memory`)."""
 
@@ -212,11 +219,12 @@ class Trainer:
             logger.warning(
                 "step %d was interrupted before it trained: its stored groups are kept in %s", self.step, kept
             )
-        trained = {row.get("step") for row in store.read_history() if row.get("split") == "train"}
+        trained = {row.get("step") for row in store.read_history() if row.get("split") in ("train", "sft")}
         if self.step > 0 and self.step not in trained:
             state = json.loads((checkpoint / STATE).read_text())
+            split = state.get("split", "train")
             store.append_history(
-                {"step": self.step, "split": "train", **state.get("metrics", {}), "recovered": 1}
+                {"step": self.step, "split": split, **state.get("metrics", {}), "recovered": 1}
             )
             logger.warning(
                 "step %d's history row was lost with its process: written from its checkpoint", self.step
@@ -261,6 +269,7 @@ class Trainer:
             if self._config is not None
             else None,
             "metrics": metrics or {},
+            "split": self._checkpoint_split,
         }
         save = functools.partial(_save_adapter, self.model)
         return write_checkpoint(self.store, step, save, adapter, optimizer, state)
@@ -340,6 +349,94 @@ class Trainer:
             self._undo_step(before, config)
             raise
 
+    # One supervised step -------------------------------------------------------------------------
+
+    async def train_sft(
+        self,
+        trajectories: Sequence[Trajectory],
+        config: SFTConfig | None = None,
+        evaluation: Sequence[Trajectory] | None = None,
+        progress: SFTProgress | None = None,
+    ) -> StepResult:
+        """Train the adapter on ``trajectories``' model turns (:mod:`.sft`), checkpoint it as the
+        next step, deploy it; the history gets a row per batch (``sft_batch``) and the step's
+        ``sft`` row. ``evaluation``: conversations for the validation loss (default: drawn by
+        ``config.eval_fraction``). Bad data raises before anything trains; a failure leaves the
+        trainer as it was, nothing deployed."""
+        config = config or SFTConfig()
+        if not self.supports_sft:
+            raise ConfigError(
+                "supervised training runs in one process: train_sft on a trainer without data parallelism"
+            )
+        trajectories = list(trajectories)
+        check_conversations(trajectories)
+        if evaluation is not None:
+            evaluation = list(evaluation)
+            check_conversations(evaluation, "the evaluation conversations")
+        else:
+            trajectories, evaluation = split_eval(trajectories, config.eval_fraction, config.seed)
+        self._worker = self._worker or ThreadPoolExecutor(1, thread_name_prefix="journeyman-train")
+        result, rows = await asyncio.get_running_loop().run_in_executor(
+            self._worker, self._released_sft, trajectories, evaluation, config, progress
+        )
+        # What it learned from, beside the groups RL steps keep (the viewer and journeyman check read them).
+        self.store.save_groups([TrajectoryGroup(trajectories)], "sft", result.step - 1)
+        if evaluation:
+            self.store.save_groups([TrajectoryGroup(evaluation)], "sft_eval", result.step - 1)
+        if self.deploy is not None and result.checkpoint is not None:
+            start = time.perf_counter()
+            await self.deploy(result.checkpoint / ADAPTER, result.step)
+            result.metrics["time/deploy"] = time.perf_counter() - start
+        for row in rows:
+            self.store.append_history({"step": result.step, **row})
+        self.store.append_history({"step": result.step, "split": "sft", **result.metrics})
+        return result
+
+    def _released_sft(
+        self,
+        trajectories: list[Trajectory],
+        evaluation: list[Trajectory],
+        config: SFTConfig,
+        progress: SFTProgress | None,
+    ) -> tuple[StepResult, list[dict[str, Any]]]:
+        try:
+            return self.sft_step(trajectories, evaluation, config, progress)
+        finally:
+            release_memory(self.device)
+
+    def sft_step(
+        self,
+        trajectories: list[Trajectory],
+        evaluation: list[Trajectory],
+        config: SFTConfig,
+        progress: SFTProgress | None = None,
+    ) -> tuple[StepResult, list[dict[str, Any]]]:
+        """The supervised run, whole or not at all (as :meth:`train_step`); its result and rows."""
+        if self.model is None:
+            self.load()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        torch.manual_seed(config.seed + self.step)
+        counts: Counter[str] = Counter()
+        context = int(getattr(self.model.get_base_model().config, "max_position_embeddings", None) or 1 << 30)
+        train = sft_conversations(trajectories, self.tokenizer, config, context, counts)
+        held = sft_conversations(evaluation, self.tokenizer, config, context, Counter()) if evaluation else []
+        before = self._before_step()
+        try:
+            self.step += 1
+            self._learning_rate = config.learning_rate
+            metrics, rows = run_sft(self, train, held, config, progress)
+            metrics.update({key: float(value) for key, value in counts.items()})
+            self._checkpoint_split = "sft"
+            try:
+                path = self._checkpoint_timed(metrics)
+            finally:
+                self._checkpoint_split = "train"
+            return StepResult(self.step, metrics, path), rows
+        except BaseException:
+            self._undo_step(before, config)
+            raise
+
     def _before_step(self) -> _Before:
         """What a failed step puts back: the step counter, the learning rate and config the last
         checkpoint records, and copies of the LoRA weights and the optimizer state (small next to
@@ -353,7 +450,7 @@ class Trainer:
         weights = {name: p.detach().clone() for name, p in self._trainable()}
         return _Before(self.step, self._learning_rate, self._config, weights, self.optimizer, state)
 
-    def _undo_step(self, before: _Before, config: TrainConfig) -> None:
+    def _undo_step(self, before: _Before, config: TrainConfig | SFTConfig) -> None:
         """Put back what :meth:`_before_step` kept, drop the step's gradients and turn activation
         checkpointing off again."""
         self.step, self._learning_rate, self._config = before.step, before.learning_rate, before.config

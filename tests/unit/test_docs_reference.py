@@ -40,6 +40,7 @@ PRODUCERS = (
     "backend/training/metrics.py",  # the step's data and loss numbers
     "backend/training/batch.py",  # the data/ counts
     "backend/training/trainer.py",  # time/, train/grad_norm, the train row
+    "backend/training/sft.py",  # supervised runs: sft/ keys, the sft_batch rows
     "backend/local.py",  # time/sleep, time/wake (TrainResult only)
     "core/loop.py",  # the rollouts and evaluation rows
     "core/ruler.py",  # judging: trajectory and group metrics

@@ -21,6 +21,7 @@ EXPORTED = [
     "LoopResult",
     "Model",
     "RemoteBackend",
+    "SFTConfig",
     "TrainConfig",
     "TrainableModel",
     "TrainingLoop",

@@ -358,8 +358,11 @@ async def test_journeyman_serve_writes_each_models_run_where_it_trains(tmp_path:
     await model.register(backend)
     for _ in range(2):
         events = [
-            e async for e in _train_events(backend, model, [group(0)], jm.TrainConfig(), True, api.track)
-        ]  # type: ignore[arg-type]
+            e
+            async for e in _train_events(
+                model, {"event": "started"}, backend.train(model, [group(0)], jm.TrainConfig()), api.track
+            )
+        ]
         assert json.loads(events[-1])["event"] == "done"
         state = json.loads((model.store.path / "trackers.json").read_text())
         assert state["tensorboard"]["rows"] == len(model.store.read_history())  # before "done" went out
