@@ -30,6 +30,7 @@ from .cli_runs import (
     trajectories_app,
 )
 from .replay_cli import replay
+from .sft_cli import sft
 
 app = typer.Typer(help="journeyman: on-the-job RL for the LLM agents you already run.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: list and prepare the embedded ones.", no_args_is_help=True)
@@ -43,6 +44,7 @@ app.command("promote")(promote)
 app.command("rollback")(rollback)
 app.command("canary")(canary)
 app.command("replay")(replay)
+app.command("sft")(sft)
 app.command("track")(track)
 cloud_app = typer.Typer(
     help="journeyman serve on a cloud GPU with SkyPilot: launch it, ask how it is, tear it down.",

@@ -52,6 +52,7 @@ class Trainer(Protocol):
 
     def _checkpoint_activations(self, on: bool) -> None: ...
 
+
 __all__ = ["Conversation", "SFTProgress", "learning_rate_at", "run_sft", "sft_conversations"]
 
 SFTProgress = Callable[[dict[str, Any], int], None]

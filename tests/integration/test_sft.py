@@ -215,3 +215,31 @@ def test_turns_put_under_another_prompt_keep_their_sampled_tokens_and_drift_is_c
     assert [
         tok for tok, m in zip(only.sequences[0].tokens, only.sequences[0].mask, strict=True) if m
     ] == other
+
+
+def test_the_sft_command_learns_from_jsonl_and_from_a_runs_best_groups(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from journeyman.backend.app.cli import app
+    from journeyman.sft import write_chat_jsonl
+
+    data = write_chat_jsonl(
+        [conversation(f"What is {n}+1?", str(n + 1)) for n in range(4)], tmp_path / "d.jsonl"
+    )
+    run = ModelStore("demo", "earlier", root=tmp_path)
+    group = jm.TrajectoryGroup([conversation("What is 2+2?", "4"), conversation("What is 2+2?", "5")])
+    group.trajectories[0].reward, group.trajectories[1].reward = 1.0, 0.0
+    run.save_groups([group], "train", 0)
+    command = ["sft", "test", "taught", "--data", str(data), "--from-run", "demo/earlier", "--epochs", "2",
+               "--batch-size", "2", "--eval-fraction", "0.2", "--root", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert "demo/earlier: 1 trajectories from 1 train groups" in result.output
+    assert "5 conversations" in result.output and "step 1: 4 batches" in result.output
+    store = ModelStore("test", "taught", root=tmp_path)
+    (kept,) = store.load_groups("sft", 0)
+    answers = sorted(t.openai_messages()[-1]["content"] for t in kept)
+    assert "4" in answers and "5" not in answers  # the run's best only; one of the five held out
+    assert len(answers) == 4 and store.load_groups("sft_eval", 0)
+    missing = CliRunner().invoke(app, ["sft", "test", "taught", "--root", str(tmp_path)])
+    assert missing.exit_code != 0 and "give --data FILE.jsonl" in str(missing.exception)
