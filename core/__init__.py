@@ -19,7 +19,7 @@ from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.data import iterate_dataset
 from journeyman.errors import ConfigError, JourneymanError
 from journeyman.gather import gather_trajectory_groups
-from journeyman.loop import EvalSet, JudgeReward, LoopResult, TrainingLoop, rollout_info
+from journeyman.loop import EvalSet, JudgeReward, LoopResult, TrainingLoop, WarmStart, rollout_info
 from journeyman.model import Model, TrainableModel
 from journeyman.remote import RemoteBackend
 from journeyman.trajectory import Trajectory, TrajectoryGroup
@@ -46,6 +46,7 @@ __all__ = [
     "TrainingLoop",
     "Trajectory",
     "TrajectoryGroup",
+    "WarmStart",
     "__version__",
     "gather_trajectory_groups",
     "iterate_dataset",

@@ -60,7 +60,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from journeyman.config import TrainConfig
+from journeyman.config import SFTConfig, TrainConfig
 from journeyman.data import DatasetBatch, iterate_dataset
 from journeyman.errors import ConfigError, JudgeError, RolloutError
 from journeyman.interrupt import Interrupt
@@ -81,6 +81,7 @@ __all__ = [
     "RolloutInfo",
     "StepReport",
     "TrainingLoop",
+    "WarmStart",
     "restore_rollout_rows",
     "rollout_info",
     "rollout_seed",
@@ -195,6 +196,19 @@ class JudgeReward:
 
 
 @dataclass
+class WarmStart:
+    """A supervised run before a :class:`TrainingLoop`'s first RL step, saved as the model's next
+    step (``model.train_sft``): the conversations to imitate, or an async function of the model
+    that collects them (a teacher's rollouts, the successes of a prompt with worked examples).
+    Collecting is timed apart; the supervised run counts in the loop's minutes and steps."""
+
+    data: Sequence[Trajectory] | Callable[[TrainableModel], Awaitable[Sequence[Trajectory]]]
+    config: SFTConfig = field(default_factory=SFTConfig)
+    evaluation: Sequence[Trajectory] | None = None
+    """Conversations for the validation loss (default: ``config.eval_fraction`` of the data)."""
+
+
+@dataclass
 class StepReport:
     """What ``on_step_end`` receives after a trained step."""
 
@@ -259,6 +273,10 @@ class TrainingLoop(Generic[S]):
 
     Budget: ``steps`` (the model's step to reach), ``epochs`` over ``scenarios`` and ``max_minutes``
     of training, whichever ends first (one epoch when none is given).
+
+    ``warm_start`` (a :class:`WarmStart`): a supervised run after the first evaluation and before
+    the first RL step, once per run (a resumed run does not repeat it); it is the model's next
+    step, and the data order goes on as if it were not there.
     """
 
     def __init__(
@@ -297,6 +315,7 @@ class TrainingLoop(Generic[S]):
         step_lines: bool = True,
         resume_hint: str | None = None,
         interrupt: Interrupt | None = None,
+        warm_start: WarmStart | None = None,
     ) -> None:
         checks = [
             (group_size >= 1, f"group_size must be at least 1, got {group_size}"),
@@ -355,6 +374,7 @@ class TrainingLoop(Generic[S]):
         self.step_lines = step_lines
         self.resume_hint = resume_hint
         self.interrupt = interrupt
+        self.warm_start = warm_start
         self.stopped = False
         """Set by :meth:`stop` (or a hook that returned True): the loop ends after the current step."""
         self._calibrated = True
@@ -454,6 +474,8 @@ class TrainingLoop(Generic[S]):
             self.judge is not None and self.judge.calibrate and await self.model.get_step() == 0
         )
         await self._evaluate(started_step, "before")
+        if self.warm_start is not None and not self._supervised_steps():
+            trained += await self._warm_start(self.warm_start)
         first = await self.model.get_step()
         stopped_by = await self._train(trained)
         self._check_interrupt()
@@ -493,15 +515,64 @@ class TrainingLoop(Generic[S]):
         return viewer(self.model) if viewer is not None else None
 
     def _trained_minutes(self) -> float:
-        """Minutes the run trained before this part (from its completed steps' rows)."""
-        rows = [r for r in self.store.read_history() if r.get("split") == "rollouts"]
-        return max((float(r.get("elapsed_s", 0.0)) for r in rows), default=0.0) / 60
+        """Minutes the run trained before this part (from its completed steps' rows; a supervised
+        step's own seconds where no RL step followed it yet)."""
+        rows = self.store.read_history()
+        elapsed = max(
+            (float(r.get("elapsed_s", 0.0)) for r in rows if r.get("split") == "rollouts"), default=0.0
+        )
+        supervised = sum(float(r.get("time/sft", 0.0)) for r in rows if r.get("split") == "sft")
+        return max(elapsed, supervised) / 60
+
+    def _supervised_steps(self) -> int:
+        """The model's steps that were supervised runs: the data order skips none of its batches for them."""
+        return sum(1 for r in self.store.read_history() if r.get("split") == "sft")
+
+    async def _warm_start(self, warm: WarmStart) -> float:
+        """Collect the warm start's conversations and train on them; its minutes of training."""
+        t0 = time.monotonic()
+        if callable(warm.data):
+            with self._status("warm start: collecting the conversations to imitate ..."):
+                data = list(await warm.data(self.model))
+        else:
+            data = list(warm.data)
+        collect_s = time.monotonic() - t0
+        self._say(
+            f"warm start: {len(data)} conversations"
+            + (f", collected in {collect_s:.0f} s" if callable(warm.data) else "")
+        )
+        t0 = time.monotonic()
+        with self._status(f"warm start: supervised training on {len(data)} conversations ..."):
+            result = await self.model.train_sft(
+                data, warm.config, evaluation=warm.evaluation, promote=self.promote
+            )
+        minutes = (time.monotonic() - t0) / 60
+        metrics = result.metrics
+        validation = (
+            f", validation loss {metrics['sft/val_loss_before']:.3f} -> {metrics['sft/val_loss']:.3f}"
+            if "sft/val_loss" in metrics
+            else ""
+        )
+        self._say(
+            f"step {result.step:>3}  supervised: loss {metrics['sft/loss']:.3f}{validation}, {minutes * 60:.0f} s"
+        )
+        state = json.loads((self.store.path / STATE_FILE).read_text())
+        state["warm_start"] = {"step": result.step, "conversations": len(data), "collect_s": collect_s}
+        atomic_write(self.store.path / STATE_FILE, json.dumps(state, indent=2))
+        await self._track()
+        if self.evals:
+            await self._evaluate(result.step, "during")
+        return minutes
 
     def _batches(self, initial_step: int) -> Iterator[DatasetBatch[S]]:
-        return iterate_dataset(
+        """The data from the model's step ``initial_step`` on, each batch labelled with the model step
+        it trains (supervised steps take no batch of the data)."""
+        offset = self._supervised_steps()
+        for batch in iterate_dataset(
             self.scenarios, per_step=self.scenarios_per_step, epochs=self.epochs or 10**9,
-            initial_step=initial_step, seed=self.seed if self.shuffle else None,
-        )  # fmt: skip
+            initial_step=max(0, initial_step - offset), seed=self.seed if self.shuffle else None,
+        ):  # fmt: skip
+            yield DatasetBatch(batch.items, batch.step + offset, batch.epoch, batch.epoch_step)
 
     def _out_of_budget(self, step: int) -> str | None:
         """Why no step ``step`` (0-based) is trained, or None while the budget allows it."""

@@ -471,10 +471,21 @@ def demo(
     worked_share: Annotated[
         float | None,
         typer.Option(
-            help="Share of each step's groups with the worked examples, the rest zero-shot (default: 1 for "
-            "smollm2-135m, which needs them; 0.5 for other models).",
+            help="Share of each step's groups with the worked examples, the rest zero-shot (default: 0 after a "
+            "warm start; 1 for smollm2-135m, which needs them; 0.5 for other models).",
         ),
     ] = None,
+    warm_start: Annotated[
+        str,
+        typer.Option(
+            help="sft: first collect the training questions' successes with the worked examples and teach them "
+            "under the zero-shot prompt (a supervised step), then train zero-shot. none: RL only.",
+        ),
+    ] = "none",
+    warm_start_samples: Annotated[
+        int, typer.Option(help="Attempts per training question when collecting the warm start's data.")
+    ] = 2,
+    warm_start_epochs: Annotated[int, typer.Option(help="Epochs of the warm start's supervised run.")] = 2,
     root: Root = None,
     resume: Annotated[
         Path | None,
@@ -510,6 +521,7 @@ def demo(
         worked_share=worked_share, serving_dtype=serving_dtype, gpu_memory_utilization=gpu_memory_utilization,
         sleep_mode=sleep_mode, train_device=train_device, max_steps_off_policy=max_steps_off_policy,
         tool_seconds=tool_seconds, vllm_cores=vllm_cores, trainer_threads=trainer_threads,
+        warm_start=warm_start, warm_start_samples=warm_start_samples, warm_start_epochs=warm_start_epochs,
     )  # fmt: skip
     run_demo(config)
 

@@ -34,6 +34,7 @@ from journeyman.errors import ConfigError, MissingDependencyError
 from journeyman.judge import Judge
 from journeyman.loop import restore_rollout_rows as loop_rows
 from journeyman.loop import rollout_seed
+from journeyman.sft import with_context
 from journeyman.store import ModelStore, atomic_write
 
 try:
@@ -45,7 +46,7 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 from journeyman.interrupt import Interrupt
 
 from ..serving.vllm_config import VLLMConfig, cuda_available
-from .calculator import DEMO_RUBRICS, Scenario, build_agent, make_scenarios, rollout, worked_plan
+from .calculator import DEMO_RUBRICS, SYSTEM, Scenario, build_agent, make_scenarios, rollout, worked_plan
 from .demo_config import DEFAULT_JUDGE_MODEL, DemoConfig
 from .demo_report import (
     EVALUATION_FIELDS,
@@ -126,7 +127,9 @@ class Demo:
         self.hinted = False
         """The training loop said how to resume after a Ctrl-C."""
         share = config.worked_share
-        if share is None:  # SmolLM2 calls no tool without the worked examples
+        if share is None and config.warm_start != "none":  # the warm start taught the zero-shot prompt
+            share = 0.0
+        elif share is None:  # SmolLM2 calls no tool without the worked examples
             share = 1.0 if config.base_model == "smollm2-135m" else 0.5
         self.worked_share = share
 
@@ -303,8 +306,36 @@ class Demo:
             report_to=c.report_to,
             progress=c.progress, console=self.console, step_lines=False, interrupt=self.interrupt,
             max_steps_off_policy=c.max_steps_off_policy,
-            resume_hint=f"Go on with: journeyman demo --resume {run_dir}",
+            resume_hint=f"Go on with: journeyman demo --resume {run_dir}", warm_start=self._warm_start(),
         )  # fmt: skip
+
+    def _warm_start(self) -> jm.WarmStart | None:
+        """``warm_start="sft"``: the training questions' successes with the worked examples, taught
+        under the zero-shot prompt (the held-out questions never enter them)."""
+        c = self.config
+        if c.warm_start == "none":
+            return None
+        config = jm.SFTConfig(
+            learning_rate=c.warm_start_learning_rate, epochs=c.warm_start_epochs, batch_size=8,
+            eval_fraction=0.1, seed=c.seed,
+        )  # fmt: skip
+        return jm.WarmStart(self._collect_successes, config)
+
+    async def _collect_successes(self, model: jm.TrainableModel) -> list[jm.Trajectory]:
+        c = self.config
+        attempts = [(s, k) for s in self.train_set for k in range(c.warm_start_samples)]
+
+        async def attempt(index: int, scenario: Scenario) -> jm.Trajectory:
+            agent = self._agent(model, True, c.temperature, c.seed * 100_003 + index)
+            return await rollout(agent, scenario, shaping=c.shaping, records=self.records)
+
+        done = await asyncio.gather(*(attempt(i, s) for i, (s, _) in enumerate(attempts)))
+        kept = [t for t in done if t.metrics.get("success") and t.metrics.get("right_tool_call")]
+        self.console.print(
+            f"warm start: {len(kept)} of {len(done)} attempts with the worked examples succeeded with the "
+            "right tool call; teaching them under the zero-shot prompt"
+        )
+        return [with_context(t, [{"role": "system", "content": SYSTEM}]) for t in kept]
 
     async def evaluate(self, model: jm.TrainableModel, label: str) -> Evaluation:
         """The held-out evaluation of the model served now, outside a run (``bench/heldout.py``)."""

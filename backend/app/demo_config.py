@@ -106,9 +106,10 @@ class DemoConfig:
     """An embedded alias (``journeyman model list``), a Hugging Face folder or a hub name."""
     worked_share: float | None = None
     """Share of each step's training groups with the four worked examples in the prompt; the others
-    see the system prompt and tools only (zero-shot). None: 1 for SmolLM2, which calls no tool
-    without them; 0.5 for other models: Qwen2.5 calls tools zero-shot but never answers after the
-    result there, and can learn that from the groups with examples (the module's docstring)."""
+    see the system prompt and tools only (zero-shot). None: 0 after a warm start; else 1 for SmolLM2,
+    which calls no tool without them; 0.5 for other models: Qwen2.5 calls tools zero-shot but never
+    answers after the result there, and can learn that from the groups with examples (the module's
+    docstring)."""
     vllm_cores: str | None = None
     """CPU: the cores the policy's vLLM server is bound to (``"1"``, ``"0-3"``); None: every core."""
     trainer_threads: int | None = None
@@ -117,6 +118,16 @@ class DemoConfig:
     """Each tool call waits this long first, as real agents wait on APIs (for measuring overlap)."""
     max_steps_off_policy: int = 0
     """Sample up to this many later steps while a step trains (``TrainingLoop.max_steps_off_policy``)."""
+    warm_start: str = "none"
+    """``sft``: before RL, collect the training questions' successes with the worked examples
+    (``warm_start_samples`` attempts each, success with the right tool call), teach them under the
+    zero-shot prompt (``journeyman.sft.with_context``), then train zero-shot. ``none``: RL only."""
+    warm_start_samples: int = 2
+    """Attempts per training question when collecting the warm start's conversations."""
+    warm_start_epochs: int = 2
+    """Passes of the supervised run over the collected conversations."""
+    warm_start_learning_rate: float = 2e-4
+    """The supervised run's peak learning rate (cosine schedule)."""
     zero_shot_eval: bool = True
     """Also evaluate with no worked examples in the prompt, sampled and greedily (the prompt that
     is not trained on, when training uses worked examples)."""
@@ -142,6 +153,9 @@ class DemoConfig:
             (self.scale_rewards is None or self.scale_rewards in get_args(Scale),
              f"unknown scale_rewards {self.scale_rewards!r}: {', '.join(get_args(Scale))}"),
             (self.worked_share is None or 0 <= self.worked_share <= 1, "worked_share must be between 0 and 1"),
+            (self.warm_start in ("none", "sft"), f"unknown warm_start {self.warm_start!r}: none or sft"),
+            (self.warm_start_samples >= 1 and self.warm_start_epochs >= 1 and self.warm_start_learning_rate > 0,
+             "warm_start_samples and warm_start_epochs must be >= 1 and warm_start_learning_rate > 0"),
             (self.judge == "ruler" or (self.judge_model is None and self.judge_base_url is None),
              "judge_model and judge_base_url need judge='ruler' (--judge ruler)"),
             (self.judge_reward in get_args(RewardFrom), f"unknown judge_reward {self.judge_reward!r}: score, rank or best"),

@@ -8,6 +8,7 @@ TensorBoard shows as one run.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,13 @@ class TensorBoardTracker:
             ) from error
         logdir = self.logdir or run.store_path / "tensorboard"
         # A file of its own for each part of a run: tensorboardX names files by the second and the
-        # host, so a part resumed within the same second would overwrite the one before.
+        # host, so a part resumed within the same second would overwrite the one before. The suffix
+        # keeps the parts in order (readers load a folder's files sorted by name, and drop steps that
+        # come after a later one), then a random part keeps two processes apart.
         self._writer = SummaryWriter(
-            logdir=str(logdir), flush_secs=10, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+            logdir=str(logdir),
+            flush_secs=10,
+            filename_suffix=f".{time.time_ns():020d}.{uuid.uuid4().hex[:8]}",
         )
         if run.run_id is None:
             self._writer.add_text(

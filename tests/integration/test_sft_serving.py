@@ -5,6 +5,7 @@ comes back as the client's own error, naming the conversation."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -111,3 +112,52 @@ async def test_a_remote_sft_run_trains_on_the_server_and_bad_data_is_the_clients
     assert [(r["split"], r["step"]) for r in rows] == [("sft_batch", 1), ("sft_batch", 1), ("sft", 1)]
     assert rows[-1]["sft/loss"] == result.metrics["sft/loss"]
     assert len(server.load_groups("sft", 0)[0]) == 4
+
+
+async def test_a_loops_warm_start_is_its_first_step_and_rl_goes_on_with_the_data_from_its_first_batch(
+    tmp_path: Path, shared_engine: Engine
+) -> None:
+    questions = QUESTIONS[:8]
+
+    async def rollout(model: jm.TrainableModel, question: str) -> jm.Trajectory:
+        messages = [{"role": "user", "content": question}]
+        response = await model.openai_client().chat.completions.create(
+            model=model.inference_name, messages=messages, max_tokens=12, temperature=1.0
+        )
+        text = response.choices[0].message.content or ""
+        return jm.Trajectory(
+            conversation=[*messages, {"role": "assistant", "content": text}],
+            reward=float(text.startswith(ANSWER)),
+        )
+
+    async def collect(model: jm.TrainableModel) -> list[jm.Trajectory]:
+        return [taught(q) for q in questions]  # a teacher would be asked here
+
+    def loop(steps: int, model: jm.TrainableModel) -> jm.TrainingLoop[str]:
+        return jm.TrainingLoop(
+            model, rollout, questions, group_size=2, scenarios_per_step=2, steps=steps, seed=1,
+            evals=[jm.EvalSet("val", [HELD_OUT], samples=2)], progress=False,
+            warm_start=jm.WarmStart(collect, jm.SFTConfig(learning_rate=2e-3, epochs=4, batch_size=4)),
+        )  # fmt: skip
+
+    async with LocalBackend(root=tmp_path, engine=shared_engine) as backend:
+        model = jm.TrainableModel(name="warm", project="test", base_model="smollm2-135m", root=tmp_path)
+        await model.register(backend)
+        result = await loop(2, model).run()
+        assert result.step == 2 and result.before["val"]["val/reward"] == 0.0
+        assert result.evaluations[1]["val"]["val/reward"] == 1.0  # after the warm start, before RL
+        again = await loop(3, model).run()  # resumed: no second warm start, the next batch of the data
+        assert again.step == 3
+    rows = model.store.read_history()
+    assert [(r["split"], r["step"]) for r in rows if r["split"] != "sft_batch"] == [
+        ("val", 0), ("sft", 1), ("val", 1), ("train", 2), ("rollouts", 1), ("val", 2),  # the first part
+        ("train", 3), ("rollouts", 2), ("val", 3),  # the resumed part
+    ]  # fmt: skip
+    order = list(jm.iterate_dataset(questions, per_step=2, seed=1))
+    for step, batch in zip((1, 2), order, strict=False):  # model steps 1 and 2 trained data batches 0 and 1
+        asked = [
+            g.trajectories[0].openai_messages()[0]["content"] for g in model.store.load_groups("train", step)
+        ]
+        assert asked == batch.items
+    state = json.loads((model.store.path / "loop.json").read_text())
+    assert state["warm_start"]["step"] == 1 and state["warm_start"]["conversations"] == 8

@@ -27,6 +27,7 @@ EXPORTED = [
     "TrainingLoop",
     "Trajectory",
     "TrajectoryGroup",
+    "WarmStart",
     "__version__",
     "gather_trajectory_groups",
     "iterate_dataset",
