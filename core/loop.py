@@ -369,6 +369,8 @@ class TrainingLoop(Generic[S]):
         :mod:`journeyman.trackers`); None: W&B when ``WANDB_API_KEY`` is set; ``[]``: none."""
         self.trackers: TrackerSync | None = None
         """The trackers' sync while the loop runs (its ``failures``, ``seconds``)."""
+        self.mirror_failures = 0
+        """Rows the backend that trains elsewhere could not take (``RemoteBackend.record``)."""
         self.progress = progress
         self.console = console
         self.step_lines = step_lines
@@ -453,6 +455,23 @@ class TrainingLoop(Generic[S]):
     async def _track(self) -> None:
         if self.trackers is not None:
             await asyncio.to_thread(self.trackers.sync)
+
+    async def _mirror(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup] | None = None) -> None:
+        """A row this loop wrote (and an evaluation's groups) also in the store of the backend that
+        trains elsewhere (``journeyman serve``), whose trackers follow that store. Recorded where
+        the backend cannot take it (a failure is counted in :attr:`mirror_failures`, never raised)."""
+        record = getattr(self.model.backend, "record", None)
+        if record is None:
+            return
+        try:
+            await record(self.model, row, groups)
+        except Exception as error:
+            self.mirror_failures += 1
+            logger.warning(
+                "the %s row of step %s is not in %s's run (%s: %s); it is in %s",
+                row.get("split"), row.get("step"), getattr(self.model.backend, "url", "the backend"),
+                type(error).__name__, error, self.store.history_path,
+            )  # fmt: skip
 
     async def _run_tracked(self) -> LoopResult:
         step = await self.model.get_step()
@@ -650,6 +669,7 @@ class TrainingLoop(Generic[S]):
             "elapsed_s": elapsed,
         }  # fmt: skip
         self.store.append_history(row)
+        await self._mirror(row)
         report = StepReport(
             step=result.step, groups=groups, row=row, train=result, rollout_seconds=rollout_s,
             train_seconds=train_s, elapsed_minutes=elapsed / 60,
@@ -871,6 +891,7 @@ class TrainingLoop(Generic[S]):
                 metrics={f"{evaluation.split}/{k}": v for k, v in stats.items()},
                 langfuse=self.langfuse,
             )
+            await self._mirror(done[evaluation.split], groups)
         best = self._best_step()
         report = EvalReport(step=step, label=label, rows=done, best_step=best)
         if self.best_metric is not None and (value := _metric(done, self.best_metric)) is not None:

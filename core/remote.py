@@ -153,6 +153,14 @@ class RemoteBackend:
         answer = await self._call("POST", f"/api/models/{model.project}/{model.name}/promoted", json=body)
         return int(answer["step"])
 
+    async def record(
+        self, model: TrainableModel, row: dict[str, Any], groups: Sequence[TrajectoryGroup] | None = None
+    ) -> None:
+        """Append a history row this client wrote (a loop's ``rollouts`` row, an evaluation's row
+        with its groups) to the server's store, where the model trains and its trackers follow."""
+        body = {"row": row, "groups": None if groups is None else [g.model_dump(mode="json") for g in groups]}
+        await self._call("POST", f"/api/models/{model.project}/{model.name}/history", json=body)
+
     async def promoted_step(self, model: TrainableModel) -> int:
         return int((await self._call("GET", f"/api/models/{model.project}/{model.name}/promoted"))["step"])
 

@@ -6,6 +6,7 @@ Endpoints (JSON; all but ``/health`` need ``Authorization: Bearer <token>`` when
     POST   /api/models                                   register {name, project, base_model, lora}
     GET    /api/models/{project}/{name}/step
     POST   /api/models/{project}/{name}/train            {groups, config, promote} -> NDJSON progress events
+    POST   /api/models/{project}/{name}/history          {row, groups}: a client loop's rollouts or evaluation row
     POST   /api/models/{project}/{name}/sft              {trajectories, evaluation, config, promote} -> NDJSON
                                                          progress events (a 'batch' event per batch)
     GET    /api/models/{project}/{name}/promoted         the step the plain name serves
@@ -189,6 +190,10 @@ def _step(text: str) -> int:
     return int(text)
 
 
+SERVER_SPLITS = ("train", "sft", "sft_batch")
+"""History splits the server's own trainer writes: a client does not send them."""
+
+
 class _Api:
     """The model routes of the server: register, step, train, checkpoints."""
 
@@ -206,6 +211,7 @@ class _Api:
             Route("/api/models/{project}/{name}/step", self.step, methods=["GET"]),
             Route("/api/models/{project}/{name}/train", _json_body(self.train), methods=["POST"]),
             Route("/api/models/{project}/{name}/sft", _json_body(self.sft), methods=["POST"]),
+            Route("/api/models/{project}/{name}/history", _json_body(self.history), methods=["POST"]),
             Route("/api/models/{project}/{name}/checkpoints", self.checkpoints, methods=["GET", "DELETE"]),
             Route("/api/models/{project}/{name}/promoted", self.promoted, methods=["GET"]),
             Route("/api/models/{project}/{name}/promoted", _json_body(self.promote), methods=["POST"]),
@@ -298,6 +304,33 @@ class _Api:
         return StreamingResponse(
             _train_events(model, started, training, self.track, batches), media_type="application/x-ndjson"
         )
+
+    async def history(self, request: Request, body: dict[str, Any]) -> Response:
+        """A row a client's loop wrote (its rollouts, an evaluation and its groups), kept in this
+        store beside the steps trained here, for the trackers that follow it."""
+        model = self.model_of(request)
+        row, groups = body.get("row"), body.get("groups")
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("step"), int)
+            or not isinstance(row.get("split"), str)
+        ):
+            raise InvalidDataError(
+                "expected {'row': {'step': <int>, 'split': <str>, ...}, 'groups': [...] or null}"
+            )
+        if row["split"] in SERVER_SPLITS:
+            raise InvalidDataError(
+                f"{row['split']!r} rows are written here, where training happens, not sent"
+            )
+        validate_name(row["split"], "split")
+        if groups is not None:
+            if not isinstance(groups, list):
+                raise InvalidDataError("'groups' must be a list of trajectory groups or null")
+            stored = [TrajectoryGroup.model_validate(group) for group in groups]
+            await asyncio.to_thread(model.store.save_groups, stored, row["split"], row["step"])
+        await asyncio.to_thread(model.store.append_history, row)
+        await self.track(model)
+        return JSONResponse({"ok": True})
 
     async def track(self, model: TrainableModel) -> None:
         """Send the model's trackers what its store recorded since (failures are theirs to count)."""

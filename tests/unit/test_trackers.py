@@ -381,3 +381,63 @@ def test_a_tracker_whose_library_is_missing_fails_when_named(monkeypatch: pytest
     )
     with pytest.raises(jm.errors.MissingDependencyError, match=r"pip install \"\./journeyman\[mlflow\]\""):
         make_trackers(["tensorboard", "mlflow"])
+
+
+async def test_a_remote_clients_rows_reach_the_servers_run_and_a_refused_row_is_counted(
+    tmp_path: Path,
+) -> None:
+    """A loop on a RemoteBackend sends its rollouts and evaluation rows (with the evaluation's
+    groups) to the server's store, which its trackers follow; the server writes its own train rows."""
+    import httpx
+    from starlette.applications import Starlette
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from journeyman.backend.app.server import _Api
+    from journeyman.backend.local import LocalBackend
+    from journeyman.errors import BackendError, ConfigError
+
+    api = _Api(LocalBackend(root=tmp_path / "server", gateway_thread=False), report_to=["tensorboard"])
+    served = jm.TrainableModel(
+        name="far", project="test", base_model="smollm2-135m", root=tmp_path / "server"
+    )
+    api.models[("test", "far")] = served
+    remote = jm.RemoteBackend("http://serve")
+    remote._http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=Starlette(routes=api.routes())), base_url="http://serve"
+    )
+    client = jm.TrainableModel(
+        name="far", project="test", base_model="smollm2-135m", root=tmp_path / "client"
+    )
+    client._backend = remote
+    await remote.record(client, {"step": 0, "split": "rollouts", "rollouts/reward": 0.5})
+    await remote.record(client, {"step": 1, "split": "val", "val/reward": 0.75}, [group(1)])
+    with pytest.raises(ConfigError, match="'train' rows are written here"):
+        await remote.record(client, {"step": 1, "split": "train", "train/loss": 1.0})
+    assert [(r["split"], r["step"]) for r in served.store.read_history()] == [("rollouts", 0), ("val", 1)]
+    assert served.store.load_groups("val", 1)[0].trajectories[0].reward == 1.0
+    await api.close_trackers()
+    events = EventAccumulator(str(served.store.path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("val/reward")] == [(1, 0.75)]
+
+    class Refusing(CountingBackend):
+        async def record(self, model: Any, row: dict[str, Any], groups: Any = None) -> None:
+            raise BackendError("the server went away")
+
+    async def answer(model: jm.TrainableModel, scenario: str) -> jm.Trajectory:
+        return jm.Trajectory(
+            conversation=[{"role": "assistant", "content": scenario}], reward=float(scenario == "a")
+        )
+
+    backend = Refusing()
+    model = jm.TrainableModel(name="near", project="test", base_model="smollm2-135m", root=tmp_path)
+    await model.register(backend)
+    loop = jm.TrainingLoop(model, answer, ["a", "b"], group_size=2, scenarios_per_step=1, steps=1, progress=False,
+                           evals=[jm.EvalSet("val", ["c"])], report_to=[])  # fmt: skip
+    await loop.run()
+    assert loop.mirror_failures == 3  # before, the step's rollouts, after; the run went on
+    assert [r["split"] for r in model.store.read_history() if r["split"] != "train"] == [
+        "val",
+        "rollouts",
+        "val",
+    ]
