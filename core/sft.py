@@ -32,6 +32,7 @@ from journeyman.store import ModelStore
 from journeyman.trajectory import Trajectory, TrajectoryGroup, format_validation_error
 
 __all__ = [
+    "as_text",
     "best_trajectories",
     "check_conversations",
     "read_chat_jsonl",
@@ -285,4 +286,19 @@ def with_context(
     if tools is not None:
         copy.tools = Trajectory(tools=list(tools)).tools
     copy.metadata = {**copy.metadata, "context": "rewritten"}
+    return copy
+
+
+def as_text(trajectory: Trajectory) -> Trajectory:
+    """The trajectory with its model turns as text only: no prompt or completion token ids, no
+    logprobs. For a teacher's rollouts when the student's tokenizer is another one: the trainer then
+    renders each turn with the student's chat template. A copy."""
+    copy = trajectory.model_copy(deep=True)
+    for history in [copy, *copy.additional_histories]:
+        history.conversation = [
+            item.model_copy(update={"prompt_token_ids": None, "completion_token_ids": None, "logprobs": None})
+            if isinstance(item, ModelTurn)
+            else item
+            for item in history.conversation
+        ]
     return copy

@@ -14,6 +14,7 @@ from journeyman.backend.training.sft import learning_rate_at
 from journeyman.errors import InvalidDataError
 from journeyman.messages import AssistantMessage, ModelTurn
 from journeyman.sft import (
+    as_text,
     best_trajectories,
     check_conversations,
     read_chat_jsonl,
@@ -153,3 +154,19 @@ def test_the_schedule_warms_up_then_holds_or_falls(schedule: str, after: list[fl
     config = jm.SFTConfig(learning_rate=1.0, schedule=schedule, warmup_ratio=0.4)  # type: ignore[arg-type]
     # 2 of 6 batches warm up (1/2, 2/2), then 4 from the peak towards 0
     assert [learning_rate_at(config, i, 6) for i in range(6)] == pytest.approx([0.5, 1.0, *after])
+
+
+def test_a_teachers_turns_as_text_carry_no_token_ids() -> None:
+    turn = {"type": "model_turn", "message": {"role": "assistant", "content": "5"},
+            "prompt_token_ids": [1, 2], "completion_token_ids": [3], "logprobs": [-0.5]}  # fmt: skip
+    teacher = jm.Trajectory(
+        conversation=[{"role": "user", "content": "2+3?"}, turn],
+        additional_histories=[jm.trajectory.History(conversation=[{"role": "user", "content": "x"}, turn])],
+    )
+    text = as_text(teacher)
+    turns = [t for h in text.histories for t in h.model_turns]
+    assert len(turns) == 2 and all(
+        t.completion_token_ids is None and t.prompt_token_ids is None for t in turns
+    )
+    assert all(t.logprobs is None and t.message.content == "5" for t in turns)
+    assert teacher.model_turns[0].completion_token_ids == [3]  # a copy
