@@ -49,7 +49,7 @@ async def test_sft_teaches_a_fixed_answer_that_the_served_model_gives_to_an_unse
     tmp_path: Path, shared_engine: Engine
 ) -> None:
     async with LocalBackend(root=tmp_path, engine=shared_engine) as backend:
-        model = jm.TrainableModel(name="parrot", project="test", base_model="smollm2-135m", root=tmp_path)
+        model = jm.TrainableModel(name="sft-parrot", project="test", base_model="smollm2-135m", root=tmp_path)
         await model.register(backend)
         assert ANSWER not in await reply(model, model.inference_name)
         config = jm.SFTConfig(learning_rate=2e-3, epochs=4, batch_size=4, eval_fraction=0.25)
