@@ -22,6 +22,7 @@ from journeyman.backend.app.cli import app
 from journeyman.backend.serving.engine import Engine
 from journeyman.backend.serving.vllm import free_port
 from journeyman.records import CompletionRecord
+from journeyman.store import ModelStore
 from tests.integration.test_local_backend import QUESTIONS, ask
 from tests.waits import serving
 
@@ -125,3 +126,9 @@ async def test_a_loop_over_remote_backend_resumes_after_serve_was_killed(tmp_pat
         asked_first == [("step 0", QUESTIONS[0][0])] * 2 and asked_second == [("step 1", QUESTIONS[1][0])] * 2
     )
     assert sorted(second.evaluations) == [0, 1, 2] and second.before == first.before
+    # The server's run holds the client's rows beside its train rows (its trackers follow it).
+    server = ModelStore("test", "remote-loop", root=tmp_path / "server")
+    assert [(r["split"], r["step"]) for r in server.read_history()] == [
+        ("val", 0), ("train", 1), ("rollouts", 0), ("val", 1), ("train", 2), ("rollouts", 1), ("val", 2),
+    ]  # fmt: skip
+    assert len(server.load_groups("val", 2)[0]) == 2
