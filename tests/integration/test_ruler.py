@@ -42,6 +42,7 @@ async def test_the_local_model_judges_a_group_of_4_with_structured_output(
         explanation_max_chars=120,
         timeout=300,
         cache_dir=tmp_path / "cache",
+        temperature=0.0,  # the same answer whatever else the session's server served before
     ) as judge:
         judgement = await judge_trajectories(group.trajectories, judge=judge, method="scores")
         assert judgement.attempts == 1 and not judgement.retries and not judgement.cached
