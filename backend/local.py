@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from .serving.vllm import VLLMConfig, VLLMServer, cuda_available
 from .serving.vllm_config import core_list
 from .training.device import parse_train_device
 from .training.sft import SFTProgress
-from .training.trainer import Trainer
+from .training.trainer import StepResult, Trainer
 
 __all__ = ["LocalBackend"]
 
@@ -566,6 +566,13 @@ class LocalBackend:
         *,
         promote: bool = True,
     ) -> TrainResult:
+        return await self._step(model, promote, lambda trainer: trainer.train(groups, config))
+
+    async def _step(
+        self, model: TrainableModel, promote: bool, train: Callable[[Trainer], Awaitable[StepResult]]
+    ) -> TrainResult:
+        """One step of ``model``'s trainer (``train``: an RL or a supervised one), served and
+        recorded alike: promoted or pinned, the policy's server asleep through it where it sleeps."""
         trainer = self._trainer(model)
         if not promote and self.router is None:
             raise ConfigError("promote=False needs this backend to serve the model (inference=True)")
@@ -580,7 +587,7 @@ class LocalBackend:
         self._sleep_times = {}
         await self._sleep()
         try:
-            result = await trainer.train(groups, config)
+            result = await train(trainer)
         finally:
             self._promote[model.name] = True
             await self._wake()
@@ -602,25 +609,11 @@ class LocalBackend:
     ) -> TrainResult:
         """A supervised run on ``model``'s adapter as its next step, deployed like an RL step
         (:meth:`Trainer.train_sft`); ``progress`` hears of each batch."""
-        trainer = self._trainer(model)
-        if not promote and self.router is None:
-            raise ConfigError("promote=False needs this backend to serve the model (inference=True)")
-        if not promote and model.store.follows_training():
-            row = {"action": "promote", "step": trainer.step, "by": "train", "pinned": True}
-            await asyncio.to_thread(model.store.append_promotion, row)
-        self._promote[model.name] = promote
-        self._sleep_times = {}
-        await self._sleep()
-        try:
-            result = await trainer.train_sft(trajectories, config, evaluation, progress or _log_batches)
-        finally:
-            self._promote[model.name] = True
-            await self._wake()
-        if promote and self.router is not None:
-            await asyncio.to_thread(
-                model.store.append_promotion, {"action": "promote", "step": result.step, "by": "train"}
-            )
-        return TrainResult(result.step, {**result.metrics, **self._sleep_times})
+        return await self._step(
+            model,
+            promote,
+            lambda trainer: trainer.train_sft(trajectories, config, evaluation, progress or _log_batches),
+        )
 
     async def promote(
         self,

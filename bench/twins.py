@@ -22,15 +22,17 @@ from journeyman.store import ModelStore
 ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
 
+def _tokens(trajectory: jm.Trajectory) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(turn.completion_token_ids) for turn in trajectory.model_turns)
+
+
 def _rollouts(group: jm.TrajectoryGroup) -> Counter[tuple[tuple[int, ...], ...]]:
-    return Counter(tuple(tuple(turn.completion_token_ids) for turn in t.model_turns) for t in group)
+    return Counter(_tokens(t) for t in group)
 
 
 def _rewarded(group: jm.TrajectoryGroup) -> Counter[tuple[object, ...]]:
     """Each rollout's tokens with its reward: two groups rewarded alike give the same multiset."""
-    return Counter(
-        (tuple(tuple(turn.completion_token_ids) for turn in t.model_turns), t.reward) for t in group
-    )
+    return Counter((_tokens(t), t.reward) for t in group)
 
 
 def _largest_difference(first: bytes, second: bytes) -> float:

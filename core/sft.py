@@ -35,6 +35,7 @@ __all__ = [
     "as_text",
     "best_trajectories",
     "check_conversations",
+    "raise_problems",
     "read_chat_jsonl",
     "source_of",
     "split_eval",
@@ -53,7 +54,9 @@ def source_of(trajectory: Trajectory, index: int) -> str:
     return str(source) if source else f"conversation {index} (trajectory {trajectory.id})"
 
 
-def _raise(problems: list[str], what: str) -> None:
+def raise_problems(problems: list[str], what: str) -> None:
+    """Raise :class:`~journeyman.errors.InvalidDataError` listing ``problems`` (the first
+    :data:`MAX_LISTED`, the rest counted) found in ``what``; nothing when there are none."""
     if not problems:
         return
     listed = "\n  ".join(problems[:MAX_LISTED])
@@ -72,7 +75,7 @@ def check_conversations(trajectories: Sequence[Trajectory], what: str = "the sup
             "`group.trajectories` (or journeyman.sft.best_trajectories(groups))"
         )
     problems = [] if trajectories else ["no conversations were given"]
-    _raise(problems + _problems(trajectories), what)
+    raise_problems(problems + _problems(trajectories), what)
 
 
 def _problems(trajectories: Sequence[Trajectory]) -> list[str]:
@@ -144,7 +147,7 @@ def read_chat_jsonl(path: str | Path) -> list[Trajectory]:
             problems.append(f"{where}: {error}")
     problems += _problems(trajectories)
     problems.sort(key=lambda problem: int(problem.split(" line ", 1)[1].split(":", 1)[0]))
-    _raise(problems, str(path))
+    raise_problems(problems, str(path))
     if not trajectories:
         raise InvalidDataError(f"{path} holds no conversations: one JSON object per line, with 'messages'")
     return trajectories

@@ -269,9 +269,7 @@ class _Api:
         if not groups:
             raise InvalidDataError("'groups' must be a non-empty list of trajectory groups")
         config = TrainConfig.model_validate(body.get("config") or {})
-        promote = body.get("promote", True)
-        if not isinstance(promote, bool):
-            raise InvalidDataError("'promote' must be true or false")
+        promote = _promote_flag(body)
         started = {"event": "started", "groups": len(groups)}
         training = self.backend.train(model, groups, config, promote=promote)
         events = _train_events(model, started, training, self.track)
@@ -287,9 +285,7 @@ class _Api:
         if held is not None:
             check_conversations(held, "the evaluation conversations")
         config = SFTConfig.model_validate(body.get("config") or {})
-        promote = body.get("promote", True)
-        if not isinstance(promote, bool):
-            raise InvalidDataError("'promote' must be true or false")
+        promote = _promote_flag(body)
         batches: asyncio.Queue[bytes] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -437,6 +433,13 @@ def create_app(
         await api(scope, receive, send)
 
     return _Guard(dispatch, token, max_body)
+
+
+def _promote_flag(body: dict[str, Any]) -> bool:
+    promote = body.get("promote", True)
+    if not isinstance(promote, bool):
+        raise InvalidDataError("'promote' must be true or false")
+    return promote
 
 
 def _trajectories(value: Any, field: str) -> list[Trajectory]:

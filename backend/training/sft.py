@@ -27,7 +27,7 @@ import torch
 
 from journeyman.config import SFTConfig, TrainConfig
 from journeyman.errors import InvalidDataError
-from journeyman.sft import source_of
+from journeyman.sft import raise_problems, source_of
 from journeyman.trajectory import Trajectory
 
 from .batch import TrainSequence, history_sequences, limit_sequence, pack
@@ -114,12 +114,7 @@ def sft_conversations(
             continue
         counts["data/trajectories"] += 1
         conversations.append(conversation)
-    if problems:
-        listed = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise InvalidDataError(
-            f"{len(problems)} conversation(s) cannot be trained; nothing was:\n  {listed}{more}"
-        )
+    raise_problems(problems, "the conversations")
     return conversations
 
 

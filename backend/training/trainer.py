@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from journeyman.config import LoRAConfig, SFTConfig, TrainConfig
 from journeyman.errors import ConfigError, InvalidDataError, MissingDependencyError
@@ -68,6 +68,7 @@ __all__ = ["ADAPTER", "OPTIMIZER", "STATE", "StepResult", "Trainer", "bf16_suppo
 logger = logging.getLogger(__name__)
 
 Deploy = Callable[[Path, int], Awaitable[Any]]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -301,22 +302,30 @@ class Trainer:
         # The step's data is on disk before training; a step retried after a failure is stored once.
         stored = {group.id for group in self.store.load_groups("train", self.step)}
         self.store.save_groups([g for g in groups if g.id not in stored], "train", self.step)
+        result = await self._on_worker(self.train_step, groups, config)
+        await self._deploy_timed(result)
+        self.store.append_history({"step": result.step, "split": "train", **result.metrics})
+        return result
+
+    async def _on_worker(self, step: Callable[..., _T], *args: Any) -> _T:
+        """``step(*args)`` on the trainer's one thread, its memory given back after (see
+        :func:`release_memory`)."""
         self._worker = self._worker or ThreadPoolExecutor(1, thread_name_prefix="journeyman-train")
-        result = await asyncio.get_running_loop().run_in_executor(
-            self._worker, self._released_step, groups, config
-        )
+
+        def released() -> _T:
+            try:
+                return step(*args)
+            finally:
+                release_memory(self.device)
+
+        return await asyncio.get_running_loop().run_in_executor(self._worker, released)
+
+    async def _deploy_timed(self, result: StepResult) -> None:
+        """Deploy the step's checkpoint (where there is a deploy), timed as ``time/deploy``."""
         if self.deploy is not None and result.checkpoint is not None:
             start = time.perf_counter()
             await self.deploy(result.checkpoint / ADAPTER, result.step)
             result.metrics["time/deploy"] = time.perf_counter() - start
-        self.store.append_history({"step": result.step, "split": "train", **result.metrics})
-        return result
-
-    def _released_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
-        try:
-            return self.train_step(groups, config)
-        finally:
-            release_memory(self.device)
 
     def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepResult:
         if self.model is None:
@@ -375,34 +384,16 @@ class Trainer:
             check_conversations(evaluation, "the evaluation conversations")
         else:
             trajectories, evaluation = split_eval(trajectories, config.eval_fraction, config.seed)
-        self._worker = self._worker or ThreadPoolExecutor(1, thread_name_prefix="journeyman-train")
-        result, rows = await asyncio.get_running_loop().run_in_executor(
-            self._worker, self._released_sft, trajectories, evaluation, config, progress
-        )
+        result, rows = await self._on_worker(self.sft_step, trajectories, evaluation, config, progress)
         # What it learned from, beside the groups RL steps keep (the viewer and journeyman check read them).
         self.store.save_groups([TrajectoryGroup(trajectories)], "sft", result.step - 1)
         if evaluation:
             self.store.save_groups([TrajectoryGroup(evaluation)], "sft_eval", result.step - 1)
-        if self.deploy is not None and result.checkpoint is not None:
-            start = time.perf_counter()
-            await self.deploy(result.checkpoint / ADAPTER, result.step)
-            result.metrics["time/deploy"] = time.perf_counter() - start
+        await self._deploy_timed(result)
         for row in rows:
             self.store.append_history({"step": result.step, **row})
         self.store.append_history({"step": result.step, "split": "sft", **result.metrics})
         return result
-
-    def _released_sft(
-        self,
-        trajectories: list[Trajectory],
-        evaluation: list[Trajectory],
-        config: SFTConfig,
-        progress: SFTProgress | None,
-    ) -> tuple[StepResult, list[dict[str, Any]]]:
-        try:
-            return self.sft_step(trajectories, evaluation, config, progress)
-        finally:
-            release_memory(self.device)
 
     def sft_step(
         self,
