@@ -544,8 +544,13 @@ class TrainingLoop(Generic[S]):
         return max(elapsed, supervised) / 60
 
     def _supervised_steps(self) -> int:
-        """The model's steps that were supervised runs: the data order skips none of its batches for them."""
-        return sum(1 for r in self.store.read_history() if r.get("split") == "sft")
+        """The model's steps that were supervised runs: the data order skips none of its batches for
+        them. Counted from this store's ``sft`` rows, and at least the warm start this loop's state
+        records: a model that trains elsewhere (``journeyman serve``) keeps its rows there."""
+        rows = sum(1 for r in self.store.read_history() if r.get("split") == "sft")
+        path = self.store.path / STATE_FILE
+        warm = path.is_file() and "warm_start" in json.loads(path.read_text())
+        return max(rows, int(warm))
 
     async def _warm_start(self, warm: WarmStart) -> float:
         """Collect the warm start's conversations and train on them; its minutes of training."""

@@ -354,3 +354,38 @@ async def test_evaluate_outside_a_run_summarizes_each_set_and_stores_nothing(tmp
     assert rows["val"]["reward"] == 0.5 and rows["val_odd"]["reward"] == 0.0  # q0 even: 1, q1 odd: 0
     assert rows["val"]["trajectories"] == 4 and model.store.read_history() == []
     assert {c[0] for c in rollout.calls} == {"val", "val_odd"}
+
+
+async def test_a_warm_start_on_a_backend_that_keeps_its_rows_elsewhere_is_done_once(tmp_path: Path) -> None:
+    """As over journeyman serve: the supervised step's rows are in the server's store, not this one;
+    the loop's own state says the warm start was done, so a resumed run neither repeats it nor
+    skips a batch of the data for it."""
+
+    class Elsewhere(CountingBackend):
+        sft_calls = 0
+
+        async def train_sft(self, model: jm.TrainableModel, trajectories: Any, config: Any, **_: Any) -> Any:
+            self.sft_calls += 1
+            self.step += 1
+            with model.store.write_checkpoint(self.step) as folder:
+                (folder / "adapter.txt").write_text(str(self.step))
+            return jm.model.TrainResult(step=self.step, metrics={"sft/loss": 1.0})
+
+    backend = Elsewhere()
+    model = jm.TrainableModel(name="far", project="test", base_model="smollm2-135m", root=tmp_path)
+    await model.register(backend)
+    scenarios = ["a", "b", "c", "d"]
+    taught = [jm.Trajectory(conversation=[{"role": "user", "content": "q"},
+                                          {"type": "model_turn", "message": {"role": "assistant", "content": "a"}}])]  # fmt: skip
+
+    async def rollout(model: jm.TrainableModel, scenario: str) -> jm.Trajectory:
+        return jm.Trajectory(
+            conversation=[{"role": "assistant", "content": scenario}], reward=float(scenario == "a")
+        )
+
+    for steps in (2, 3):
+        await jm.TrainingLoop(model, rollout, scenarios, group_size=1, scenarios_per_step=1, steps=steps,
+                              shuffle=False, progress=False, warm_start=jm.WarmStart(taught)).run()  # fmt: skip
+    assert backend.sft_calls == 1 and backend.step == 3
+    trained = [g.trajectories[0].conversation[0].content for groups in backend.trained for g in groups]  # type: ignore[union-attr]
+    assert trained == ["a", "b"]  # the data's first two batches, at model steps 2 and 3
